@@ -1,0 +1,15 @@
+"""Residual-connection ideas for deep NMT transformers, as a fairseq ``--user-dir`` plugin.
+
+``fairseq-train DATA --user-dir fairseq_plugins --arch residual_e18d18 ...``. Importing the package
+registers every model, architecture and criterion, and lets fairseq load its own checkpoints under
+torch >= 2.6 with weights-only loading kept on (see checkpoint_safety.py).
+"""
+
+# checkpoint_safety comes first (alphabetically too): it must run before fairseq reads any checkpoint
+from . import (  # noqa: F401
+    checkpoint_safety,
+    criterions,
+    models,
+)
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Plain ``nn.Module`` building blocks with no registry side effects."""

@@ -1,0 +1,102 @@
+"""ResiDual: the Pre-Post-LN dual residual (Xie et al., "ResiDual: Transformer with Dual Residual
+Connections", arXiv:2304.14802, section 2.2 and appendix H.3).
+
+Every sub-block k (self-attention, cross-attention, FFN) with output f_k = dropout(f_k(x_k)) updates
+
+    x_{k+1}   = LN(x_k + f_k)          the Post-LN stream: fairseq's Post-LN layer, unchanged
+    x^d_{k+1} = x^d_k + s * f_k        the dual (Pre-LN-like) stream
+    y         = x_{N+1} + LN(x^d_{N+1})
+
+Choices the paper leaves open, taken from the authors' released fairseq code (microsoft/ResiDual):
+- the dual stream starts from the (scaled, position-embedded, dropped-out) embedding: x^d_1 = s * x_1;
+- the sub-block outputs added to it are taken after dropout, as the Post-LN stream sees them;
+- the final dual LayerNorm (eps 1e-7) replaces fairseq's final LayerNorm; Post-LN layers have none;
+- the Post-LN stream enters the output unscaled (the authors' ``alpha`` is fixed at 1).
+
+FP16 (appendix H.3): x^d grows with depth and can overflow half precision. The scale s (0 < s <= 1,
+``--dual-residual-scale``) multiplies the whole dual stream, so LN(s * x^d) = LN(x^d) up to the LayerNorm
+epsilon and the model output does not change, while x^d stays s times smaller. The authors used s = 0.05 for
+their fp16 OPUS-100 runs.
+"""
+
+
+from fairseq.modules import LayerNorm
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from torch import Tensor, nn
+
+DUAL_LAYER_NORM_EPS = 1e-7
+
+
+class DualResidualStream(nn.Module):
+    """The dual stream x^d: where it starts, how it grows, and how it joins the output.
+
+    Args:
+        embed_dim: model width.
+        scale: s in x^d_1 = s * x_1, x^d_{k+1} = x^d_k + s * f_k.
+        export: build a LayerNorm that can be exported (fairseq's ``--export``).
+    """
+
+    def __init__(self, embed_dim: int, scale: float = 1.0, export: bool = False):
+        super().__init__()
+        self.scale = scale
+        self.layer_norm = LayerNorm(embed_dim, eps=DUAL_LAYER_NORM_EPS, export=export)
+
+    def start(self, x: Tensor) -> Tensor:
+        """x^d_1 from the embedding output x: (seq_len, batch, embed_dim)."""
+        return x if self.scale == 1.0 else x * self.scale
+
+    def add(self, dual: Tensor, branch_sum: Tensor) -> Tensor:
+        """Add one layer's sub-block outputs (already summed) to the dual stream."""
+        return dual + (branch_sum if self.scale == 1.0 else branch_sum * self.scale)
+
+    def merge(self, x: Tensor, dual: Tensor) -> Tensor:
+        """y = x_{N+1} + LN(x^d_{N+1})."""
+        return x + self.layer_norm(dual)
+
+
+class _BranchSum:
+    """Collect the sub-block outputs that fairseq's layer passes to ``residual_connection``.
+
+    fairseq calls ``residual_connection(dropout(f_k(x)), x)`` once per sub-block, so overriding that hook
+    gives every f_k without copying the layer's forward. The sum lives only for one forward call and is
+    returned from it, so activation checkpointing recomputes it like any other output.
+    """
+
+    _branch_sum: Tensor | None = None
+
+    def residual_connection(self, x, residual):
+        self._branch_sum = x if self._branch_sum is None else self._branch_sum + x
+        return residual + x
+
+    def _take_branch_sum(self) -> Tensor:
+        branch_sum, self._branch_sum = self._branch_sum, None
+        return branch_sum
+
+
+class ResiDualEncoderLayer(_BranchSum, TransformerEncoderLayerBase):
+    """fairseq's Post-LN encoder layer that also returns the sum of its sub-block outputs.
+
+    Returns:
+        (x, branch_sum), both of shape `(seq_len, batch, embed_dim)`.
+    """
+
+    def forward(self, x, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
+        self._branch_sum = None
+        x = super().forward(x, encoder_padding_mask, attn_mask)
+        return x, self._take_branch_sum()
+
+
+class ResiDualDecoderLayer(_BranchSum, TransformerDecoderLayerBase):
+    """fairseq's Post-LN decoder layer that also returns the sum of its sub-block outputs.
+
+    Returns:
+        (x, branch_sum, attn, self_attn_state): fairseq's outputs with branch_sum second.
+    """
+
+    def forward(self, x, *args, **kwargs):
+        self._branch_sum = None
+        x, attn, self_attn_state = super().forward(x, *args, **kwargs)
+        return x, self._take_branch_sum(), attn, self_attn_state

@@ -1,0 +1,78 @@
+"""Option checks shared by every model and criterion of the plugin.
+
+Each check raises one clear error that names the option and the allowed values. The same checks serve the
+command line (as argparse ``type=`` callables, so a bad value stops fairseq before anything is built) and
+the Python API (called again in ``build_model``, since ``from_pretrained`` and overrides skip argparse).
+"""
+
+import argparse
+import math
+from collections.abc import Callable, Iterable
+
+
+class PluginOptionError(ValueError):
+    """A plugin option has a value outside its allowed range or set."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
+    """Return ``value`` as float if low <(=) value <= high, else raise naming ``--name``."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise PluginOptionError(f"{_flag(name)} must be a number, got {value!r}") from None
+    below = value <= low if low_open else value < low
+    if below or value > high or math.isnan(value):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise PluginOptionError(f"{_flag(name)} must be in {interval}, got {value:g}")
+    return value
+
+
+def check_int(name: str, value, low: int, high: int) -> int:
+    """Return ``value`` as int if low <= value <= high, else raise naming ``--name``."""
+    try:
+        as_int = int(value)
+        if as_int != float(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise PluginOptionError(f"{_flag(name)} must be an integer, got {value!r}") from None
+    if not low <= as_int <= high:
+        raise PluginOptionError(f"{_flag(name)} must be an integer in [{low}, {high}], got {as_int}")
+    return as_int
+
+
+def check_choice(name: str, value, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise naming ``--name`` and the choices."""
+    choices = list(choices)
+    if value not in choices:
+        raise PluginOptionError(f"{_flag(name)} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def check_choice_list(name: str, value, choices: Iterable[str]) -> list[str]:
+    """Parse a comma-separated list whose items must all be in ``choices`` (no repeats, not empty)."""
+    choices = list(choices)
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+    unknown = [v for v in items if v not in choices]
+    if not items or unknown or len(set(items)) != len(items):
+        raise PluginOptionError(
+            f"{_flag(name)} must be a comma-separated list of distinct items from "
+            f"{', '.join(choices)}; got {value!r}"
+        )
+    return items
+
+
+def argparse_type(check: Callable, name: str, *bounds) -> Callable:
+    """Wrap a ``check_*`` function as an argparse ``type=`` so bad values fail at parse time."""
+
+    def parse(text):
+        try:
+            return check(name, text, *bounds)
+        except PluginOptionError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = name  # argparse names the type in its messages
+    return parse
