@@ -7,7 +7,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV_DIR:-$root/.venv}"
 python="${PYTHON:-python3}"
 stamp="$venv/.requirements.sha256"
-want="$(sha256sum "$root/scripts/requirements.txt" "$root/setup.py" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/scripts/requirements.txt" "$root/setup.py" | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
   echo "[setup] reusing $venv"
