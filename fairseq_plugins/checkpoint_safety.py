@@ -4,7 +4,8 @@ torch 2.6 made ``torch.load(..., weights_only=True)`` the default. fairseq's loa
 (``checkpoint_utils.load_checkpoint_to_cpu``, used by fairseq-generate, fairseq-interactive,
 ``from_pretrained`` and resuming) call ``torch.load`` without the argument, so a checkpoint written by
 fairseq-train is refused: it pickles an ``argparse.Namespace`` (models trained through the argparse
-route), and resuming in distributed training broadcasts the cfg as an omegaconf ``DictConfig``.
+route), and resuming in distributed training broadcasts the loaded state with its cfg as an omegaconf
+``DictConfig`` and its tensors sent apart as fairseq placeholders.
 
 Importing the plugin (which ``--user-dir`` does before any checkpoint is read) adds exactly those types to
 torch's allow-list. Nothing else is allowed: a checkpoint that references any other global (``os.system``,
@@ -17,6 +18,7 @@ import collections
 import typing
 
 import torch
+from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
@@ -32,6 +34,7 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [
     AnyNode,
     typing.Any,  # the ref_type recorded in omegaconf metadata
     collections.defaultdict,  # omegaconf's resolver cache
+    _TensorPlaceholder,  # distributed resume sends tensors apart from the pickled state
     dict,  # omegaconf metadata records the container and key classes themselves
     list,
     int,

@@ -162,3 +162,23 @@ def hypotheses(generate_stdout: str) -> dict:
             key, _score, text = (line.split("\t") + ["", ""])[:3]
             hyps[int(key[2:])] = text
     return hyps
+
+
+def train_log(train_stdout: str, kind: str = "train_inner") -> list[dict]:
+    """The JSON records fairseq-train logs with ``--log-format json`` (``train_inner``, ``valid``, ``train``)."""
+    import json
+
+    records = []
+    for line in train_stdout.splitlines():
+        marker = f"| {kind} | "
+        if marker in line:
+            records.append(json.loads(line.split(marker, 1)[1]))
+    return records
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,71 @@
+"""Checkpoints load with torch's weights-only unpickler kept on: fairseq's own types are allowed, anything
+else a checkpoint might smuggle in (a pickled callable) is still refused."""
+
+import os
+import pickle
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_plugins.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
+
+from .helpers import generate_command, run, train_command
+
+
+class Smuggler:
+    """Unpickling this calls os.system: what a malicious checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(corpus_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("ckpt")
+    run(train_command(corpus_bin, save_dir, "residual_e6d6", max_update=2))
+    return save_dir / "checkpoint_last.pt"
+
+
+def test_fairseq_checkpoint_needs_the_allow_list(checkpoint):
+    """Without the plugin, torch >= 2.6 refuses fairseq's checkpoint (so the allow-list is what loads it)."""
+    code = f"import torch; torch.load('{checkpoint}')"
+    proc = run(["python", "-c", code], check=False)
+    assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
+
+
+def test_fairseq_checkpoint_loads_weights_only(checkpoint):
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["cfg"]["model"].arch == "residual_e6d6"  # an argparse.Namespace
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(checkpoint) == []
+
+
+def test_allow_list_holds_no_callable_that_runs_code():
+    dangerous = {os.system, eval, exec, getattr, __import__, pickle.loads, torch.load}
+    assert not dangerous & set(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+def smuggling_checkpoint(checkpoint, tmp_path):
+    marker = tmp_path / "code-was-executed"
+    state = torch.load(checkpoint, weights_only=True)
+    state["extra_state"]["payload"] = Smuggler(marker)
+    bad = tmp_path / "checkpoint_bad.pt"
+    torch.save(state, bad)
+    return bad, marker
+
+
+def test_smuggled_callable_is_refused_by_fairseqs_loader(checkpoint, tmp_path):
+    bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(bad))
+    assert not marker.exists()
+
+
+def test_smuggled_callable_is_refused_by_fairseq_generate(checkpoint, corpus_bin, tmp_path):
+    bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
+    proc = run(generate_command(corpus_bin, bad), check=False)
+    assert proc.returncode != 0 and "unsupported GLOBAL posix.system" in proc.stderr
+    assert not marker.exists()

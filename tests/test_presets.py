@@ -1,0 +1,56 @@
+"""Every named architecture of the plugin: built from the one preset table, shaped as its name says, and
+trainable (forward and backward reach every parameter, as distributed training requires)."""
+
+import pytest
+import torch
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models.transformer import TransformerModel
+
+from fairseq_plugins.models import DEPTHS, PRESETS, WIDTHS
+
+from .helpers import build_model, parse_model_args, random_batch
+
+
+def test_every_family_has_every_depth_and_width():
+    families = {p.family for p in PRESETS.values()}
+    assert {"residual", "transformer_preln", "transformer_postln"} <= families
+    for family in families:
+        if not any(arch == f"{family}_e6d6" for arch in PRESETS):
+            continue  # a family of single presets (e.g. a paper's one configuration)
+        for width in WIDTHS:
+            for depth in DEPTHS:
+                assert f"{family}_{width}{depth}" in ARCH_MODEL_REGISTRY
+
+
+@pytest.mark.parametrize("arch", sorted(PRESETS))
+def test_preset_sets_shape_and_builds_at_tiny_width(arch):
+    preset = PRESETS[arch]
+    args = parse_model_args(arch, tiny=False)
+    assert (args.encoder_layers, args.decoder_layers) == (preset.encoder_layers, preset.decoder_layers)
+    assert args.encoder_embed_dim == args.decoder_embed_dim == preset.width.embed_dim
+    assert args.encoder_ffn_embed_dim == args.decoder_ffn_embed_dim == preset.width.ffn_dim
+    assert args.encoder_attention_heads == args.decoder_attention_heads == preset.width.heads
+
+    model = build_model(arch).train()
+    assert len(model.encoder.layers) == preset.encoder_layers
+    assert len(model.decoder.layers) == preset.decoder_layers
+    src, lengths, prev = random_batch(model)
+    logits, _ = model(src, lengths, prev)
+    logits.float().logsumexp(-1).mean().backward()
+    assert torch.isfinite(logits).all()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, f"parameters without gradient (breaks DDP): {unused[:5]}"
+
+
+def test_command_line_overrides_the_preset():
+    args = parse_model_args("residual_e18d18", ["--encoder-layers", "2", "--decoder-embed-dim", "8"])
+    assert args.encoder_layers == 2 and args.decoder_layers == 18 and args.decoder_embed_dim == 8
+
+
+@pytest.mark.parametrize("arch", ["transformer_preln_e12d6", "transformer_postln_iwslt_e6d6"])
+def test_baselines_are_fairseqs_own_transformer(arch):
+    model = build_model(arch)
+    assert type(model) is TransformerModel
+    pre = "preln" in arch
+    assert (model.encoder.layer_norm is not None) == pre and (model.decoder.layer_norm is not None) == pre
+    assert all(layer.normalize_before == pre for layer in [*model.encoder.layers, *model.decoder.layers])
