@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The project's test command (README, and .ci/run calls exactly this): set up .venv if needed, then
+# lint and run the whole test suite offline. Extra arguments go to pytest (e.g. -k residual).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup_env.sh
+venv="${VENV_DIR:-$root/.venv}"
+echo "[test] ruff check"
+"$venv/bin/ruff" check .
+echo "[test] pytest"
+# tiny models run faster on one thread per process; the tests start their own subprocesses
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
