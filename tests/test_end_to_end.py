@@ -20,7 +20,8 @@ from .helpers import (
     train_log,
 )
 
-ARCHS = ["residual_e6d6", "transformer_preln_e6d6", "transformer_postln_e6d6"]
+RESIDUAL = "residual_e18d18"  # the issue's acceptance example, at tiny width
+ARCHS = [RESIDUAL, "transformer_preln_e6d6", "transformer_postln_e6d6"]
 N_TEST = 21  # sentences in the tiny corpus' test split
 
 
@@ -44,8 +45,8 @@ def test_train_then_generate_translates_every_sentence(arch, trained, corpus_bin
 
 def test_resume_continues_from_checkpoint_last(trained, corpus_bin, tmp_path):
     save_dir = tmp_path / "resume"
-    shutil.copytree(trained["residual_e6d6"], save_dir)
-    proc = run(train_command(corpus_bin, save_dir, "residual_e6d6", max_update=6))
+    shutil.copytree(trained[RESIDUAL], save_dir)
+    proc = run(train_command(corpus_bin, save_dir, RESIDUAL, max_update=6))
     assert "Loaded checkpoint" in proc.stdout + proc.stderr
     updates = [int(r["num_updates"]) for r in train_log(proc.stdout)]
     assert updates == [5, 6]
@@ -55,9 +56,9 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
     """Rank 0 loads checkpoint_last.pt and broadcasts it (as an omegaconf DictConfig) to rank 1: the path
     that needs omegaconf's types allowed under weights-only loading."""
     save_dir = tmp_path / "ddp"
-    shutil.copytree(trained["residual_e6d6"], save_dir)
+    shutil.copytree(trained[RESIDUAL], save_dir)
     port = free_port()
-    base = train_command(corpus_bin, save_dir, "residual_e6d6", max_update=6)
+    base = train_command(corpus_bin, save_dir, RESIDUAL, max_update=6)
     dist = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--ddp-backend", "legacy_ddp"]  # fmt: skip
     procs = [
@@ -77,7 +78,7 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
 
 def test_interactive_translates_stdin(trained, corpus_bin):
     proc = run(fairseq_cli("interactive") + [
-        corpus_bin, "--user-dir", PLUGIN_DIR, "--path", trained["residual_e6d6"] / "checkpoint_last.pt",
+        corpus_bin, "--user-dir", PLUGIN_DIR, "--path", trained[RESIDUAL] / "checkpoint_last.pt",
         "--cpu", "--beam", "2", "--source-lang", "src", "--target-lang", "tgt",
     ], input_text="w1 w2 w3\nw4 w5\n")  # fmt: skip
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 2
@@ -87,7 +88,7 @@ def test_from_pretrained_loads_and_translates(trained, corpus_bin):
     code = (
         "import fairseq_plugins\n"
         "from fairseq.models.transformer import TransformerModel\n"
-        f"hub = TransformerModel.from_pretrained('{trained['residual_e6d6']}', 'checkpoint_last.pt', "
+        f"hub = TransformerModel.from_pretrained('{trained[RESIDUAL]}', 'checkpoint_last.pt', "
         f"'{corpus_bin}', source_lang='src', target_lang='tgt')\n"
         "print('TRANSLATION', type(hub.models[0]).__name__, hub.translate('w1 w2 w3'))\n"
     )
