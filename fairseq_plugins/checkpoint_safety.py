@@ -11,13 +11,20 @@ Importing the plugin (which ``--user-dir`` does before any checkpoint is read) a
 torch's allow-list. Nothing else is allowed: a checkpoint that references any other global (``os.system``,
 ``builtins.eval``, a class with a malicious ``__setstate__``) is still refused by torch's unpickler.
 Safety is never switched off (no ``weights_only=False``, no ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``).
+
+fairseq's loader is also wrapped so that a refused or damaged checkpoint gives one clear message naming
+the file, instead of torch's advice to switch safety off or a zip-reader error.
 """
 
 import argparse
 import collections
+import functools
+import pickle
+import re
 import typing
 
 import torch
+from fairseq import checkpoint_utils
 from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
@@ -46,4 +53,45 @@ def allow_fairseq_checkpoints() -> None:
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
 
 
+class CheckpointRefusedError(pickle.UnpicklingError):
+    """A checkpoint references a global that fairseq checkpoints never contain."""
+
+
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint file is truncated or otherwise unreadable."""
+
+
+def _refused_global(message: str) -> str:
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    return found.group(1) if found else "an unsupported global"
+
+
+def explain_load_errors(load):
+    """Wrap a checkpoint loader ``load(path, ...)`` so its failures name the file and the reason."""
+
+    @functools.wraps(load)
+    def wrapper(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except pickle.UnpicklingError as err:
+            raise CheckpointRefusedError(
+                f"refusing to load checkpoint {path}: it references {_refused_global(str(err))}, which is "
+                "not one of the types fairseq checkpoints contain, and loading it could run arbitrary code. "
+                "Weights-only loading stays on (fairseq_plugins/checkpoint_safety.py lists what is allowed)."
+            ) from None
+        except (RuntimeError, EOFError) as err:
+            if not re.search(r"zip|archive|EOF|unexpected end|truncated|corrupt", f"{type(err).__name__} {err}"):
+                raise
+            raise CheckpointCorruptError(
+                f"checkpoint {path} is truncated or corrupt and cannot be read ({err}); restore it from a "
+                "copy or remove it to start from an earlier checkpoint"
+            ) from err
+
+    wrapper.explains_load_errors = True
+    return wrapper
+
+
 allow_fairseq_checkpoints()
+if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "explains_load_errors", False):
+    # fairseq-generate, -interactive, from_pretrained and resuming all look the loader up in this module
+    checkpoint_utils.load_checkpoint_to_cpu = explain_load_errors(checkpoint_utils.load_checkpoint_to_cpu)

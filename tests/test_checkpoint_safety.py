@@ -8,7 +8,11 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_plugins.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
+from fairseq_plugins.checkpoint_safety import (
+    FAIRSEQ_CHECKPOINT_GLOBALS,
+    CheckpointCorruptError,
+    CheckpointRefusedError,
+)
 
 from .helpers import generate_command, run, train_command
 
@@ -59,7 +63,7 @@ def smuggling_checkpoint(checkpoint, tmp_path):
 
 def test_smuggled_callable_is_refused_by_fairseqs_loader(checkpoint, tmp_path):
     bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
-    with pytest.raises(pickle.UnpicklingError, match="system"):
+    with pytest.raises(CheckpointRefusedError, match=f"refusing to load checkpoint {bad}: .*posix.system"):
         checkpoint_utils.load_checkpoint_to_cpu(str(bad))
     assert not marker.exists()
 
@@ -67,5 +71,28 @@ def test_smuggled_callable_is_refused_by_fairseqs_loader(checkpoint, tmp_path):
 def test_smuggled_callable_is_refused_by_fairseq_generate(checkpoint, corpus_bin, tmp_path):
     bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
     proc = run(generate_command(corpus_bin, bad), check=False)
-    assert proc.returncode != 0 and "unsupported GLOBAL posix.system" in proc.stderr
+    assert proc.returncode != 0 and f"refusing to load checkpoint {bad}" in proc.stderr
     assert not marker.exists()
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_truncated_checkpoint_is_named_in_a_clear_error(checkpoint, tmp_path):
+    damaged = tmp_path / "checkpoint_last.pt"
+    damaged.write_bytes(checkpoint.read_bytes())
+    truncate(damaged)
+    with pytest.raises(CheckpointCorruptError, match=f"checkpoint {damaged} is truncated or corrupt"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(damaged))
+
+
+def test_resuming_from_a_truncated_checkpoint_stops_instead_of_starting_afresh(checkpoint, corpus_bin, tmp_path):
+    damaged = tmp_path / "checkpoint_last.pt"
+    damaged.write_bytes(checkpoint.read_bytes())
+    truncate(damaged)
+    proc = run(train_command(corpus_bin, tmp_path, "residual_e6d6", max_update=4), check=False)
+    assert proc.returncode != 0
+    assert f"checkpoint {damaged} is truncated or corrupt" in proc.stderr
+    assert "num_updates" not in proc.stdout  # no training step ran

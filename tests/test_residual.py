@@ -166,3 +166,18 @@ def test_bad_dual_residual_scale_is_rejected_by_build_model():
 def test_pre_ln_switch_is_rejected():
     with pytest.raises(PluginOptionError, match="--encoder-normalize-before cannot be used"):
         build_model("residual_e6d6", ["--encoder-normalize-before"])
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    """The dual stream's increment is a layer output, so fairseq's checkpoint_wrapper recomputes it."""
+    grads = []
+    for extra in ([], ["--checkpoint-activations"]):
+        model = build_model("residual_e6d6", extra, seed=3).train()
+        torch.manual_seed(0)  # same dropout masks in both runs
+        src, lengths, prev = random_batch(model)
+        logits, _ = model(src, lengths, prev)
+        logits.logsumexp(-1).mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, msg=name)
