@@ -11,4 +11,5 @@ echo "[test] ruff check"
 echo "[test] pytest"
 # tiny models run faster on one thread per process; the tests start their own subprocesses
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+# two workers, one test file each at a time (module fixtures train models once per file)
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile tests "$@"

@@ -182,3 +182,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# training options a family needs beyond train_command's defaults (e.g. its own criterion)
+FAMILY_TRAIN_ARGS: dict[str, list[str]] = {}
+
+
+def family_train_args(arch: str) -> list[str]:
+    from fairseq_plugins.models import PRESETS
+
+    return list(FAMILY_TRAIN_ARGS.get(PRESETS[arch].family, [])) if arch in PRESETS else []

@@ -1,0 +1,132 @@
+"""Shared pieces of the analysis tools in scripts/ (grad_norms, low_rank_residual, grn_weights, depth_width,
+compare): building a registered architecture exactly as ``fairseq-train --arch NAME`` does, option checks
+for argparse, and writing CSV / JSON / PNG outputs.
+
+The tools are run as ``python scripts/TOOL.py``, so this directory is on ``sys.path`` and they import this
+module by its plain name; it puts the repository root on ``sys.path`` so ``fairseq_plugins`` imports too.
+"""
+
+import csv
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from fairseq_plugins.validation import (  # noqa: E402  (needs the repository on sys.path)
+    argparse_type,
+    check_choice,
+    check_float,
+    check_int,
+)
+
+__all__ = ["REPO", "argparse_type", "check_choice", "check_float", "check_int"]
+
+
+def int_option(name: str, low: int, high: int):
+    """argparse ``type=`` for an integer option in [low, high]; the error names ``--name`` and the range."""
+    return argparse_type(check_int, name, low, high)
+
+
+def float_option(name: str, low: float, high: float, low_open: bool = False):
+    """argparse ``type=`` for a float option in [low, high] (or (low, high]); the error names ``--name``."""
+    return argparse_type(check_float, name, low, high, low_open)
+
+
+class _Task:
+    """The two dictionaries a translation model is built from, without any data on disk."""
+
+    def __init__(self, vocab_size: int):
+        from fairseq.data import Dictionary
+
+        d = Dictionary()
+        for i in range(vocab_size - d.nspecial):
+            d.add_symbol(f"w{i}")
+        d.finalize(padding_factor=1)
+        self.source_dictionary = self.target_dictionary = d
+
+
+def registered_archs() -> list[str]:
+    import fairseq_plugins  # noqa: F401  (registers the plugin's architectures)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return sorted(ARCH_MODEL_REGISTRY)
+
+
+def parse_arch_args(arch: str, extra: Sequence[str] = ()):
+    """Parse ``--arch arch`` plus ``extra`` with fairseq-train's own parser (defaults, arch function)."""
+    import fairseq_plugins  # noqa: F401
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    argv = ["unused-data-dir", "--arch", arch, "--task", "translation", "--cpu", *extra]
+    return options.parse_args_and_arch(parser, input_args=argv)
+
+
+def build_arch(arch: str, vocab_size: int, extra: Sequence[str] = (), meta: bool = False):
+    """Build ``arch`` as fairseq-train would, for a vocabulary of ``vocab_size`` symbols (specials included).
+
+    ``meta=True`` builds on PyTorch's meta device: shapes only, for counting parameters.
+    """
+    import torch
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    args = parse_arch_args(arch, extra)
+    task = _Task(vocab_size)
+    if meta:
+        with torch.device("meta"):
+            return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+def check_arch(parser, names: Iterable[str], option: str = "--arch") -> None:
+    """Stop with a clear message if any of ``names`` is not a registered architecture."""
+    known = set(registered_archs())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(
+            f"{option} {', '.join(unknown)} is not a registered architecture; "
+            "see `python scripts/param_table.py` for the plugin's names"
+        )
+
+
+def with_suffix(prefix: Path, suffix: str) -> Path:
+    """``prefix`` + ``suffix``: an output prefix may contain dots, which ``Path.with_suffix`` would cut."""
+    return prefix.parent / (prefix.name + suffix)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Write ``rows`` (dicts with the same keys, in order) as CSV with a header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: the tools run headless and only write files."""
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # fairseq configures the root logger at import; matplotlib's font search would then log at DEBUG
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
