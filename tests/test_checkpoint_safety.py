@@ -14,7 +14,7 @@ from fairseq_plugins.checkpoint_safety import (
     CheckpointRefusedError,
 )
 
-from .helpers import generate_command, run, train_command
+from .helpers import PLUGIN_DIR, fairseq_cli, generate_command, run, train_command
 
 
 class Smuggler:
@@ -96,3 +96,19 @@ def test_resuming_from_a_truncated_checkpoint_stops_instead_of_starting_afresh(c
     assert proc.returncode != 0
     assert f"checkpoint {damaged} is truncated or corrupt" in proc.stderr
     assert "num_updates" not in proc.stdout  # no training step ran
+
+
+def test_smuggled_callable_is_refused_by_interactive_and_from_pretrained(checkpoint, corpus_bin, tmp_path):
+    bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
+    interactive = run(fairseq_cli("interactive") + [
+        corpus_bin, "--user-dir", PLUGIN_DIR, "--path", bad, "--cpu", "--source-lang", "src", "--target-lang", "tgt",
+    ], input_text="w1 w2\n", check=False)  # fmt: skip
+    assert interactive.returncode != 0 and f"refusing to load checkpoint {bad}" in interactive.stderr
+    code = (
+        "import fairseq_plugins\n"
+        "from fairseq.models.transformer import TransformerModel\n"
+        f"TransformerModel.from_pretrained('{tmp_path}', '{bad.name}', '{corpus_bin}')\n"
+    )
+    hub = run(["python", "-c", code], check=False)
+    assert hub.returncode != 0 and "refusing to load checkpoint" in hub.stderr
+    assert not marker.exists()
