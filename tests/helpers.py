@@ -185,7 +185,9 @@ def free_port() -> int:
 
 
 # training options a family needs beyond train_command's defaults (e.g. its own criterion)
-FAMILY_TRAIN_ARGS: dict[str, list[str]] = {}
+FAMILY_TRAIN_ARGS: dict[str, list[str]] = {
+    "crossformer_sg": ["--criterion", "label_smoothed_cross_entropy_with_guidance"],
+}
 
 
 def family_train_args(arch: str) -> list[str]:

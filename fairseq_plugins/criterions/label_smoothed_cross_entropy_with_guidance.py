@@ -1,0 +1,91 @@
+"""``label_smoothed_cross_entropy_with_guidance``: Crossformer-SG's objective (eq. 2)
+
+    L = L_nll + alpha * L_reg
+
+with L_nll fairseq's label-smoothed cross entropy and L_reg the model's ``guidance_loss()`` (eq. 1).
+
+The interface: a model provides the regularizer as a method ``guidance_loss(self) -> Tensor`` returning
+a scalar, differentiable in the parameters it regularizes (``crossformer_sg`` does). Any model may
+implement it; a model without one is refused at the first batch with a message naming the criterion.
+
+alpha (``--guidance-weight``) lives here, on the criterion, and only here: eq. 2 is the training
+objective, alpha weighs its two terms like ``--label-smoothing`` shapes the first, and it changes neither
+the model's function nor its checkpoint. The model defines *what* L_reg is (``--guidance``,
+``--guidance-norm``), the criterion *how much* it counts, so one trained model can be fine-tuned or
+validated with another alpha, and alpha = 0 is exactly fairseq's label_smoothed_cross_entropy.
+
+Scale: fairseq sums the loss over the batch and divides the gradient by ``sample_size`` (target tokens,
+or sentences with ``--sentence-avg``), so L_reg enters the summed loss as alpha * L_reg * sample_size: the
+per-token objective is L_nll/token + alpha * L_reg, for any batch size, gradient accumulation or number
+of workers. The logged ``loss`` includes alpha * L_reg (in base 2, as fairseq reports loss); ``nll_loss``
+does not; ``guidance_loss`` is L_reg itself (a norm of weights, so not divided by ln 2).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.logging import metrics
+
+from ..validation import PluginOptionError, check_float
+
+NAME = "label_smoothed_cross_entropy_with_guidance"
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithGuidanceConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    guidance_weight: float = field(
+        default=0.01,
+        metadata={"help": "alpha of eq. 2, L = L_nll + alpha * L_reg, alpha >= 0 (default 0.01, the paper's "
+                  "IWSLT'14 value, appendix A.1.2); 0 gives label_smoothed_cross_entropy exactly"},
+    )  # fmt: skip
+
+
+def model_guidance_loss(model) -> torch.Tensor:
+    """Call ``model.guidance_loss()``; refuse a model that has none."""
+    guidance_loss = getattr(model, "guidance_loss", None)
+    if not callable(guidance_loss):
+        inner = model
+        while hasattr(inner, "module"):  # name the model, not fairseq's distributed wrappers around it
+            inner = inner.module
+        raise PluginOptionError(
+            f"--criterion {NAME} needs a model with a guidance_loss() method (the regularizer of eq. 1), "
+            f"e.g. --arch crossformer_sg_*; {type(inner).__name__} has none. crossformer_hg ties the guided "
+            "pairs, so its regularizer is identically 0: train it with --criterion label_smoothed_cross_entropy"
+        )
+    return guidance_loss()
+
+
+@register_criterion(NAME, dataclass=LabelSmoothedCrossEntropyWithGuidanceConfig)
+class LabelSmoothedCrossEntropyWithGuidanceCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(
+        self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False, guidance_weight=0.01
+    ):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.guidance_weight = check_float("guidance_weight", guidance_weight, 0.0, math.inf)
+
+    def forward(self, model, sample, reduce=True):
+        """fairseq's label-smoothed loss plus alpha * L_reg * sample_size (see the module docstring).
+
+        With ``reduce=False`` the per-token losses are returned without L_reg, which has no per-token share.
+        """
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.guidance_weight > 0):
+            regularizer = model_guidance_loss(model)
+        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+        if reduce and self.guidance_weight > 0:
+            loss = loss + self.guidance_weight * sample_size * regularizer
+            logging_output["loss"] = loss.data
+        logging_output["guidance_loss"] = regularizer.data * sample_size  # summed over workers like "loss"
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        guidance_sum = sum(log.get("guidance_loss", 0) for log in logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        metrics.log_scalar("guidance_loss", guidance_sum / max(sample_size, 1), sample_size, round=4)
