@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairseq_plugins.validation import (  # noqa: E402  (needs the repository on sys.path)
+from fairseq_plugins.validation import (
     argparse_type,
     check_choice,
     check_float,
@@ -50,16 +50,18 @@ class _Task:
 
 
 def registered_archs() -> list[str]:
-    import fairseq_plugins  # noqa: F401  (registers the plugin's architectures)
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_plugins  # noqa: F401  (registers the plugin's architectures)
 
     return sorted(ARCH_MODEL_REGISTRY)
 
 
 def parse_arch_args(arch: str, extra: Sequence[str] = ()):
     """Parse ``--arch arch`` plus ``extra`` with fairseq-train's own parser (defaults, arch function)."""
-    import fairseq_plugins  # noqa: F401
     from fairseq import options
+
+    import fairseq_plugins  # noqa: F401
 
     parser = options.get_training_parser()
     argv = ["unused-data-dir", "--arch", arch, "--task", "translation", "--cpu", *extra]
@@ -116,11 +118,11 @@ def pyplot():
     """matplotlib's pyplot on the Agg backend: the tools run headless and only write files."""
     import logging
 
+    # fairseq configures the root logger at import; matplotlib would then log its font search at DEBUG
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
-    # fairseq configures the root logger at import; matplotlib's font search would then log at DEBUG
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     return plt

@@ -21,11 +21,16 @@ Interpretations (the paper leaves them open):
   gradient vanishes along the 36-layer *decoder* (by 10^3 from layer 36 to layer 1) but not along the encoder.
   At initialisation attention is nearly uniform, so every decoder layer's cross-attention hands every encoder
   position the same gradient, which passes each encoder self-attention undamped; the decoder's per-position
-  gradients of the loss do not. ``--encoder-layers 0 --decoder-layers 0`` keeps a preset's own depths (E36D6).
-  Both stacks are measured and plotted, one row each.
+  gradients of the loss do not. The encoder's depth matters too: after many Post-LN layers its token
+  representations are nearly alike, so each decoder cross-attention adds a full-norm vector that its
+  LayerNorm then scales down (the theory's norm-preserving f); measured on a 16-layer Post-LN decoder, the
+  first/last gradient ratio is 0.05 behind a 36-layer encoder but 0.3 behind a 1-layer one.
+  ``--encoder-layers 0 --decoder-layers 0`` keeps a preset's own depths (E36D6). Both stacks are measured
+  and plotted, one row each.
 - x_k is what layer k's first sub-block reads, the paper's x_k^ln: the query input of its self-attention, which
   is the layer input for Post-LN and ResiDual and LN(layer input) for Pre-LN (Theorem 3.3 is about the
-  normalized input; the raw Pre-LN stream x^a only grows). ``--inputs raw`` measures the raw layer inputs.
+  normalized input; the raw Pre-LN stream x^a only grows). ``--inputs raw`` measures the raw layer inputs
+  (for a DCA layer, which reads the stack of earlier outputs, their plain sum G_t 1).
 - Per layer by default (appendix E: "of each layer"); ``--granularity sublayer`` gives one point per
   self-attention / cross-attention / FFN block (the paper's "block" k), grouping each block's LayerNorm with it.
 - The loss is the mean token cross-entropy of the decoder's predictions against random targets (fairseq's
@@ -40,11 +45,11 @@ Everything is measured with forward pre-hooks on the layers' sub-modules: no mod
 """
 
 import argparse
+import itertools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from analysis_common import (
     build_arch,
     check_arch,
@@ -118,6 +123,10 @@ def sublayers(layer, granularity: str) -> list[str]:
 
 
 def _first_input(args, kwargs):
+    if args and args[0].dim() == 4:
+        # a DCA layer reads the stack of earlier outputs as chunks (entries, seq, batch, dim): its raw input
+        # is the plain sum of the stack, G_t 1, what a residual network would feed it
+        return sum(chunk.sum(0) for chunk in args if chunk.dim() == 4)
     if args:
         return args[0]
     return kwargs["query"] if "query" in kwargs else kwargs["x"]
@@ -167,7 +176,7 @@ def grad_norms(stack, slots: list[tuple[int, str]]) -> list[float]:
 
 def input_differences(recorded: list) -> list[float | None]:
     """mean |x_{k+1} - x_k| per coordinate for consecutive slots; None for the last slot."""
-    diffs: list[float | None] = [(b - a).abs().mean().item() for a, b in zip(recorded, recorded[1:])]
+    diffs: list[float | None] = [(b - a).abs().mean().item() for a, b in itertools.pairwise(recorded)]
     return diffs + [None]
 
 
@@ -194,8 +203,9 @@ def measure(arch: str, args) -> list[dict]:
             h.remove()
         norms = grad_norms(getattr(model, side), slots)
         for k, ((idx, sub), norm, diff) in enumerate(zip(slots, norms, input_differences(recorded)), start=1):
-            rows.append({"arch": arch, "side": side, "k": k, "layer": idx + 1, "sublayer": sub,
-                         "grad_norm": norm, "input_diff": diff})
+            rows.append({"arch": arch, "encoder_layers": len(model.encoder.layers),
+                         "decoder_layers": len(model.decoder.layers), "side": side, "k": k,
+                         "layer": idx + 1, "sublayer": sub, "grad_norm": norm, "input_diff": diff})
     return rows
 
 
@@ -238,12 +248,17 @@ def plot(rows: list[dict], granularity: str, path: Path) -> None:
     sides = list(dict.fromkeys(r["side"] for r in rows))
     fig, axes = plt.subplots(len(sides), 2, figsize=(11, 3.8 * len(sides)), squeeze=False)
     unit = "layer" if granularity == "layer" else "sub-block"
+    # Post-LN and ResiDual share the Post-LN stream, so their input curves coincide: vary the line style
+    styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "v")]
     for (ax_g, ax_d), side in zip(axes, sides):
-        for arch in dict.fromkeys(r["arch"] for r in rows):
+        for i, arch in enumerate(dict.fromkeys(r["arch"] for r in rows)):
             rs = [r for r in rows if r["arch"] == arch and r["side"] == side]
-            ax_g.plot([r["k"] for r in rs], [r["grad_norm"] for r in rs], marker=".", label=arch)
+            line, marker = styles[i % len(styles)]
+            style = {"linestyle": line, "marker": marker, "markersize": 3,
+                     "label": f"{arch} (E{rs[0]['encoder_layers']}D{rs[0]['decoder_layers']})"}
+            ax_g.plot([r["k"] for r in rs], [r["grad_norm"] for r in rs], **style)
             rd = [r for r in rs if r["input_diff"] is not None]
-            ax_d.plot([r["k"] for r in rd], [r["input_diff"] for r in rd], marker=".", label=arch)
+            ax_d.plot([r["k"] for r in rd], [r["input_diff"] for r in rd], **style)
         ax_g.set(yscale="log", xlabel=f"{side} {unit} k", ylabel="||dL/dw_k||_F",
                  title=f"(a) {side}: gradient norm of each {unit}")
         ax_d.set(xlabel=f"{side} {unit} k", ylabel="mean |x_{k+1} - x_k|",

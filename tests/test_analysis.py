@@ -1,0 +1,269 @@
+"""The analysis tools in scripts/ at tiny sizes: each runs, writes its CSV / JSON / PNG, rejects bad options
+with a message naming them, and shows the paper's qualitative claim where that is cheap to check."""
+
+import csv
+import importlib
+import json
+import sys
+
+import pytest
+import torch
+
+from .helpers import REPO, run, train_command
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare"]
+
+
+def tool(name: str):
+    return importlib.import_module(name)
+
+
+def read_csv(path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def outputs(prefix, suffixes=(".csv", ".json", ".png")):
+    for suffix in suffixes:
+        path = prefix.parent / (prefix.name + suffix)
+        assert path.is_file() and path.stat().st_size > 0, f"{path} missing"
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_every_tool_has_help_naming_its_paper(name):
+    text = tool(name).build_parser().format_help()
+    assert "--out" in text and ("arXiv" in text or "Levine" in text or "fairseq-train" in text)
+
+
+def test_scripts_run_as_files():
+    proc = run([sys.executable, REPO / "scripts" / "depth_width.py", "--budget", "85M"])
+    assert "depth 23" in proc.stdout and "width 555" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("grad_norms", ["--batch-size", "0"], "--batch-size must be an integer in [1, 4096]"),
+        ("grad_norms", ["--inputs", "raw", "--granularity", "sublayer"], "--inputs raw needs --granularity layer"),
+        ("grad_norms", ["--arch", "no_such_arch"], "--arch no_such_arch is not a registered architecture"),
+        ("low_rank_residual", ["--rank", "5", "--dim", "4"], "--rank must be smaller than --dim"),
+        ("low_rank_residual", ["--lr", "0"], "--lr must be in (0, 100]"),
+        ("depth_width", ["--budget", "lots"], "--budget must be a number of parameters"),
+        ("depth_width", ["--budget", "1000"], "--budget must be between"),
+        ("depth_width", ["--tolerance", "2"], "--tolerance must be in (0, 1]"),
+        ("depth_width", ["--family", "nope"], "--family nope is not a preset family"),
+        ("compare", [], "give at least one --log or --eval"),
+        ("grn_weights", ["/no/such.pt"], "does not exist"),
+    ],
+)
+def test_bad_options_are_refused_by_name(name, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        tool(name).main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_grad_norms_post_ln_vanishes_pre_ln_collapses_residual_avoids_both(tmp_path):
+    """ResiDual figure 2 at reduced depth: the E12D12 presets (the paper's width), its dummy batch."""
+    archs = ["transformer_postln_iwslt_e12d12", "transformer_preln_iwslt_e12d12", "residual_iwslt_e12d12"]
+    argv = [a for arch in archs for a in ("--arch", arch)]
+    argv += ["--encoder-layers", "0", "--decoder-layers", "0", "--vocab-size", "500", "--out", str(tmp_path / "gn")]
+    summary = tool("grad_norms").main(argv)
+    outputs(tmp_path / "gn")
+    post, pre, dual = (summary[arch]["decoder"] for arch in archs)
+    assert post["points"] == 12 and summary[archs[0]]["encoder"]["points"] == 12
+    assert post["grad_norm_first"] < 0.25 * post["grad_norm_last"]  # vanishes towards the input
+    assert dual["grad_norm_min"] > 3 * post["grad_norm_first"]  # the dual stream keeps a lower bound
+    assert pre["diff_ratio_last_to_first"] < 0.6  # Pre-LN's layer inputs stop changing
+    assert dual["diff_ratio_last_to_first"] > 1.5 * pre["diff_ratio_last_to_first"]
+
+
+def test_grad_norms_per_sub_block_and_against_a_direct_computation(tmp_path):
+    gn = tool("grad_norms")
+    gn.main(["--arch", "transformer_preln_iwslt_e6d6", "--encoder-layers", "1", "--decoder-layers", "2",
+             "--batch-size", "2", "--tokens", "5", "--vocab-size", "50", "--granularity", "sublayer",
+             "--out", str(tmp_path / "sub")])  # fmt: skip
+    rows = list(read_csv(tmp_path / "sub.csv"))
+    assert [r["sublayer"] for r in rows if r["side"] == "decoder"] == ["self_attn", "encoder_attn", "ffn"] * 2
+    assert [r["sublayer"] for r in rows if r["side"] == "encoder"] == ["self_attn", "ffn"]
+
+    # the per-layer norm equals a direct norm over the layer's parameters after the same backward pass
+    args = gn.build_parser().parse_args(["--encoder-layers", "1", "--decoder-layers", "2", "--batch-size", "2",
+                                         "--tokens", "5", "--vocab-size", "50"])  # fmt: skip
+    rows = gn.measure("transformer_preln_iwslt_e6d6", args)
+    torch.manual_seed(args.seed)
+    model = tool("analysis_common").build_arch(
+        "transformer_preln_iwslt_e6d6", 50, ["--dropout", "0.0", "--encoder-layers", "1", "--decoder-layers", "2"]
+    ).train()
+    src, lengths, prev, tgt = gn.dummy_batch(50, 2, 5, model.encoder.dictionary.nspecial, args.seed)
+    logits, _ = model(src, lengths, prev)
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1)).backward()
+    direct = torch.cat([p.grad.double().flatten() for p in model.decoder.layers[1].parameters()]).norm().item()
+    measured = next(r for r in rows if r["side"] == "decoder" and r["layer"] == 2)["grad_norm"]
+    assert measured == pytest.approx(direct, rel=1e-5)
+
+
+def test_low_rank_grn_v1_reaches_a_far_smaller_loss_than_resnet(tmp_path):
+    """DCA figure 1 at small scale: d = 20, 4 layers of rank 1, 200 SGD steps."""
+    best = tool("low_rank_residual").main(
+        ["--dim", "20", "--layers", "4", "--rank", "1", "--steps", "200", "--batch-size", "50", "--lr", "0.03",
+         "--lr", "0.1", "--model", "resnet", "--model", "grn-v1", "--task", "identity", "--out", str(tmp_path / "lr")]
+    )  # fmt: skip
+    outputs(tmp_path / "lr")
+    assert best["identity/grn-v1"]["final_mse"] < 0.01 * best["identity/resnet"]["final_mse"]
+
+
+def test_low_rank_networks_start_as_the_same_resnet():
+    """b = 1 (and w = 0): every GRN network computes the ResNet with the same layer weights at step 0."""
+    lrr = tool("low_rank_residual")
+    x = torch.randn(5, 12)
+    outs = []
+    for grn in (None, "grn-v1", "grn-v2", "grn-v3"):
+        torch.manual_seed(0)
+        outs.append(lrr.LowRankNet(12, 3, 2, grn)(x))
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0])
+
+
+def test_depth_width_fit_reproduces_table_1(tmp_path):
+    """The law recovered from table 1 gives its widths within 3% at the table's depths, and from the trained
+    GPT-3 sizes its optimal depths (within 0.5 layers) and widths (within 1%)."""
+    result = tool("depth_width").main(["--arch", "residual_iwslt_e36d6", "--arch", "residual_iwslt_e6d6",
+                                       "--budget", "1.3B", "--out", str(tmp_path / "dw")])  # fmt: skip
+    outputs(tmp_path / "dw")
+    fit = result["fit"]
+    assert fit["a"] == pytest.approx(5.01, abs=0.02) and fit["b"] == pytest.approx(0.0560, abs=0.0005)
+    for row in result["table_1"]:
+        assert abs(row["fit_width_error"]) < 0.03, row
+        if "size" in row:
+            assert abs(row["optimal_depth"] - row["table_depth"]) < 0.5, row
+            assert abs(row["suggested_width_error"]) < 0.01, row
+    for check in result["text_checks"]:  # N_transition(96), N_transition(80) inside the paper's error bars
+        assert abs(check["recovered"] - check["paper"]) < check["paper_error"]
+    verdicts = {r["arch"]: r["verdict"] for r in result["archs"]}
+    assert verdicts["residual_iwslt_e36d6"].startswith("too deep")
+    assert verdicts["residual_iwslt_e6d6"] == "near optimal"
+    # non-embedding size of E6D6 at width 256: 6 encoder layers of ~12 d^2 and 6 decoder layers of ~16 d^2
+    e6d6 = next(r for r in result["archs"] if r["arch"] == "residual_iwslt_e6d6")
+    assert e6d6["size"] == pytest.approx(6 * 12 * 256**2 + 6 * 16 * 256**2, rel=0.02)
+
+
+@pytest.fixture(scope="module")
+def dca_run(corpus_bin, tmp_path_factory):
+    """One short fairseq-train run of k-DCA (k = 2) with a JSON log: its checkpoint and its log."""
+    save = tmp_path_factory.mktemp("dca")
+    proc = run(train_command(corpus_bin, save, "dca_k2_iwslt_e6d6", max_update=6,
+                             extra=["--log-format", "json", "--log-interval", "2"]))  # fmt: skip
+    (save / "train.log").write_text(proc.stdout + proc.stderr)
+    return save / "checkpoint_last.pt", save / "train.log"
+
+
+# An excerpt of a real fairseq-train log in the default (simple) format: the configuration line shortened
+SIMPLE_LOG = """\
+2026-11-22 08:09:22 | INFO | fairseq_cli.train | {'_name': None, 'model': Namespace(arch='transformer_preln_iwslt_e6d6', encoder_layers=6, decoder_layers=6, encoder_embed_dim=16)}
+2026-11-22 08:09:22 | INFO | fairseq_cli.train | num. shared model params: 37,696 (num. trained: 37,696)
+2026-11-22 08:09:24 | INFO | train_inner | epoch 001:      2 / 4 loss=7.001, nll_loss=6.995, ppl=127.53, wps=4415.7, ups=18.33, wpb=563.5, bsz=60, num_updates=2, lr=0.001, gnorm=1.42, train_wall=0, wall=2
+2026-11-22 08:09:24 | INFO | train_inner | epoch 001:      4 / 4 loss=6.763, nll_loss=6.734, ppl=106.44, wps=9084.5, ups=11.09, wpb=819.5, bsz=140, num_updates=4, lr=0.001, gnorm=1.297, train_wall=0, wall=2
+2026-11-22 08:09:24 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 6.553 | nll_loss 6.501 | ppl 90.57 | wps 0 | wpb 283 | bsz 40 | num_updates 4
+2026-11-22 08:09:24 | INFO | train | epoch 001 | loss 6.86 | nll_loss 6.84 | ppl 114.58 | wps 6111.6 | ups 9.75 | wpb 691.5 | bsz 100 | num_updates 4 | lr 0.001 | gnorm 1.358 | train_wall 0 | wall 2
+2026-11-22 08:09:25 | INFO | train_inner | epoch 002:      2 / 4 loss=6.498, nll_loss=6.438, ppl=86.72, wps=4720.6, ups=8.45, wpb=558.5, bsz=72, num_updates=6, lr=0.001, gnorm=0.823, train_wall=0, wall=2
+2026-11-22 08:09:27 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.448 | nll_loss 6.384 | ppl 83.49 | wps 0 | wpb 283 | bsz 40 | num_updates 6 | best_loss 6.448
+2026-11-22 08:09:27 | INFO | train | epoch 002 | loss 6.498 | nll_loss 6.438 | ppl 86.72 | wps 4653.3 | ups 8.33 | wpb 558.5 | bsz 72 | num_updates 6 | lr 0.001 | gnorm 0.823 | train_wall 0 | wall 2
+2026-11-22 08:09:27 | INFO | fairseq_cli.train | done training in 0.7 seconds
+"""
+
+
+def test_grn_weights_reads_a_trained_dca_checkpoint(dca_run, tmp_path):
+    summary = tool("grn_weights").main([str(dca_run[0]), "--out", str(tmp_path / "gw")])
+    outputs(tmp_path / "gw")
+    rows = list(read_csv(tmp_path / "gw.csv"))
+    # DCA: q, k, v per layer, one output GRN; k = 2: layer 6 reads the embedding, the middle sum, layers 4 and 5
+    assert {r["output"] for r in rows if r["grn"] != "output"} == {"q", "k", "v"}
+    assert {r["output"] for r in rows if r["grn"] == "output"} == {"in"}
+    labels = [r["position_label"] for r in rows if r["side"] == "encoder" and r["grn"] == "6" and r["output"] == "q"]
+    assert labels == ["0", "mid", "4", "5"]
+    assert summary["encoder"]["grns"] == summary["decoder"]["grns"] == 6 * 3 + 1  # the output GRN has one
+
+
+def test_grn_weights_median_and_band_of_known_biases(tmp_path):
+    """A state dict whose biases are known: the tool's median and 90% band are those of the d values."""
+    gw = tool("grn_weights")
+    model = tool("analysis_common").build_arch("dca_iwslt_e6d6", 20, ["--encoder-layers", "2", "--decoder-layers", "2",
+                                               "--dca-mode", "grn-v2"])  # fmt: skip
+    state = model.state_dict()
+    values = torch.arange(256, dtype=torch.float)
+    state["encoder.layers.1.grn.b"][0, 0] = values
+    torch.save(state, tmp_path / "state.pt")
+    gw.main([str(tmp_path / "state.pt"), "--side", "encoder", "--out", str(tmp_path / "gw")])
+    row = next(r for r in read_csv(tmp_path / "gw.csv") if r["grn"] == "2" and r["position"] == "0")
+    assert float(row["median"]) == pytest.approx(127.5)
+    assert float(row["band_low"]) == pytest.approx(torch.quantile(values, 0.05).item())
+    assert float(row["band_high"]) == pytest.approx(torch.quantile(values, 0.95).item())
+
+
+def test_compare_reads_json_and_simple_logs_and_evaluations(dca_run, tmp_path):
+    json_log, simple_log = dca_run[1], tmp_path / "simple.log"
+    simple_log.write_text(SIMPLE_LOG)
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"arch": "dca_k2_iwslt_e6d6", "BLEU": {"name": "BLEU", "score": 12.5},
+                                 "chrF": 40.0}) + "\n"
+                     + json.dumps({"arch": "residual_iwslt_e6d6", "bleu": 13.0, "params": 1000}) + "\n")  # fmt: skip
+    rows = tool("compare").main(["--log", str(json_log), "--log", f"simple={simple_log}", "--eval", str(evals),
+                                 "--out", str(tmp_path / "cmp")])  # fmt: skip
+    outputs(tmp_path / "cmp", (".md", ".csv", ".json", ".png"))
+    by_run = {r["run"]: r for r in rows}
+
+    dca = by_run["dca_k2_iwslt_e6d6"]  # the real JSON log, named after its architecture, with its evaluation
+    params = next(line for line in json_log.read_text().splitlines() if "num. shared model params" in line)
+    assert dca["params"] == int(params.split(": ")[1].split(" ")[0].replace(",", ""))
+    assert (dca["encoder_layers"], dca["decoder_layers"], dca["updates"]) == (6, 6, 6)
+    assert dca["tokens_per_second"] > 0 and dca["train_seconds"] is not None and dca["best_valid_loss"] > 0
+    assert (dca["bleu"], dca["chrf"]) == (12.5, 40.0)
+
+    simple = by_run["simple"]
+    assert simple["arch"] == "transformer_preln_iwslt_e6d6" and simple["params"] == 37696
+    assert (simple["updates"], simple["best_valid_loss"], simple["train_seconds"]) == (6, 6.448, 0.7)
+    assert simple["tokens_per_second"] == pytest.approx((6111.6 + 4653.3) / 2)
+    assert by_run["residual_iwslt_e6d6"]["bleu"] == 13.0 and by_run["residual_iwslt_e6d6"]["encoder_layers"] == 6
+
+    curves = json.loads((tmp_path / "cmp.json").read_text())["curves"]
+    assert [(v["updates"], v["loss"]) for v in curves["simple"]] == [(4, 6.553), (6, 6.448)]
+    # wall time of a validation: the last training record's wall (2 s) + log time since it (0 s, then 2 s)
+    assert [v["wall"] for v in curves["simple"]] == [2, 4]
+    assert [v["updates"] for v in curves["dca_k2_iwslt_e6d6"]] == [4, 6]
+    assert "| simple | `transformer_preln_iwslt_e6d6` | 6/6 | 37,696 |" in (tmp_path / "cmp.md").read_text()
+
+
+def test_compare_reads_the_recipes_results(tmp_path):
+    """recipes/main_job.sh's results.json and evaluate_recipe.py's results.json next to train_summary.json."""
+    save = tmp_path / "checkpoints" / "residual_iwslt_e6d6"
+    save.mkdir(parents=True)
+    (save / "train_summary.json").write_text(json.dumps(
+        {"arch": "residual_iwslt_e6d6", "parameters": 5000, "train_seconds": 90.0, "num_updates": 40,
+         "valid_loss": 4.5}))  # fmt: skip
+    (tmp_path / "eval.json").write_text(json.dumps(
+        {"checkpoint": str(save / "checkpoint_best.pt"), "averages": {},
+         "tests": {"test_2016_flickr": {"sentences": 1000, "bleu": 30.0, "chrf": 55.0}}}))  # fmt: skip
+    (tmp_path / "main.json").write_text(json.dumps({"settings": {}, "models": [
+        {"arch": "transformer_preln_iwslt_e6d6", "bleu": 29.0, "chrf": 54.0, "parameters": 4900,
+         "num_updates": 42, "train_seconds": 95.0, "valid_loss": 4.6}]}))  # fmt: skip
+    rows = tool("compare").main(["--eval", str(tmp_path / "eval.json"), "--eval", str(tmp_path / "main.json"),
+                                 "--out", str(tmp_path / "cmp")])  # fmt: skip
+    by_arch = {r["arch"]: r for r in rows}
+    r = by_arch["residual_iwslt_e6d6"]
+    assert (r["bleu"], r["chrf"], r["params"], r["train_seconds"], r["updates"]) == (30.0, 55.0, 5000, 90.0, 40)
+    r = by_arch["transformer_preln_iwslt_e6d6"]
+    assert (r["bleu"], r["params"], r["updates"], r["best_valid_loss"]) == (29.0, 4900, 42, 4.6)
+
+
+def test_grad_norms_sees_dca_at_initialisation_as_its_pre_ln_baseline(tmp_path):
+    """DCA starts as the Pre-LN transformer (b = 1, w = 0): the raw layer inputs (for DCA the plain sum of its
+    stack) change from layer to layer exactly as the baseline's."""
+    archs = ["dca_iwslt_e6d6", "transformer_preln_iwslt_e6d6"]
+    tool("grad_norms").main(["--arch", archs[0], "--arch", archs[1], "--encoder-layers", "2", "--decoder-layers",
+                             "3", "--batch-size", "2", "--tokens", "5", "--vocab-size", "50", "--inputs", "raw",
+                             "--out", str(tmp_path / "raw")])  # fmt: skip
+    rows = read_csv(tmp_path / "raw.csv")
+    dca, pre = ([r["input_diff"] for r in rows if r["arch"] == arch] for arch in archs)
+    assert len(dca) == 5 and [float(x or 0) for x in dca] == pytest.approx([float(x or 0) for x in pre], rel=1e-5)
