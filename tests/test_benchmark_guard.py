@@ -1,0 +1,93 @@
+"""A regression guard CI can afford: scripts/benchmark.py at tiny size fails a family only when it is grossly
+slower than fairseq's transformer (training below GUARD["train"], beam decoding below GUARD["decode"]).
+
+Never on noise: the baseline and every family are built side by side and measured in interleaved rounds with
+rotating order; a family fails only if the median of its round-by-round ratios, the ratio of the best times
+and the ratio of process CPU times are all below the bound, and again in a second, independent measurement
+of the failing families.
+Families are discovered from the preset table, so a family added later is guarded as soon as it registers;
+the families named in GUARDED are skipped until they exist. At tiny width a step is mostly fixed per-layer
+overhead, so a family's ratios here are lower than at real sizes (the bounds are for gross regressions
+only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
+"""
+
+import importlib.util
+import sys
+
+import pytest
+
+from .helpers import REPO
+
+# the families the project plans, guarded once registered; plus whatever else the preset table holds
+GUARDED = ("residual", "crossformer_sg", "crossformer_hg", "dca", "dca_k2")
+GUARD = {"train": 0.5, "decode": 0.25}
+# width 64 and ~800 target tokens per step: small enough for CI, large enough that a step is not only
+# per-layer Python overhead (at width 32 the families that add small per-layer ops fall towards 0.5x)
+ARGS = [
+    "--synthetic", "--depth", "e6d6", "--embed-dim", "64", "--ffn-dim", "128", "--heads", "2",
+    "--threads", "1", "--rounds", "4", "--warmup", "1", "--max-tokens", "1024", "--train-batches", "1",
+    "--vocab-size", "512", "--decode-sentences", "8", "--decode-batch-size", "8", "--decode-len", "6",
+    "--peak-repeats", "0", "--no-memory", "--no-flop-count", "--quiet",
+]  # fmt: skip
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("benchmark", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = _load_benchmark()
+REGISTERED = [f for f in benchmark.registered_families() if f"{f}_iwslt_e6d6" in benchmark.PRESETS]
+FAMILIES = list(dict.fromkeys([*GUARDED, *(f for f in REGISTERED if f != "transformer_postln")]))
+
+
+def _measure(families: list[str]) -> dict:
+    opts = benchmark.build_parser().parse_args([*ARGS, *(a for f in families for a in ("--family", f))])
+    benchmark.resolve(opts)
+    report = benchmark.run_benchmark(opts, benchmark.synthetic_corpus(n_train=1000, n_test=16))
+    return report["results"][0]["families"]
+
+
+def _too_slow(row: dict) -> list[str]:
+    """The metrics on which a family is below its bound by every estimate: the median wall-clock ratio, the
+    ratio of best times and the CPU-time ratio (which other processes' load does not inflate)."""
+    slow = []
+    for metric, bound in GUARD.items():
+        r = row[f"{metric}_ratio"]
+        if max(r["median"], r["best"], r["cpu"]) < bound:
+            slow.append(f"{metric} {r['median']:.2f}x (best {r['best']:.2f}x, CPU time {r['cpu']:.2f}x)")
+    return slow
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, list[str]]:
+    """{family: what is too slow}, after a second measurement of any family the first one flags."""
+    present = [f for f in FAMILIES if f in REGISTERED]
+    if not present:
+        return {}
+    first = {f: _too_slow(row) for f, row in _measure(present).items()}
+    suspects = [f for f, slow in first.items() if slow]
+    if not suspects:
+        return first
+    second = {f: _too_slow(row) for f, row in _measure(suspects).items()}
+    return {f: (first[f] + ["again: " + ", ".join(second[f])] if second.get(f) else []) for f in first}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_gross_slowdown_against_fairseq_transformer(family, verdicts):
+    if family not in REGISTERED:
+        pytest.skip(f"family {family} is not registered (no {family}_iwslt_e6d6 preset) yet")
+    assert not verdicts[family], (
+        f"{family} is grossly slower than transformer_preln at tiny E6D6: {'; '.join(verdicts[family])} "
+        f"(bounds {GUARD}); profile it with scripts/benchmark.py --family {family}"
+    )
+
+
+def test_the_guard_bounds_are_far_below_the_targets():
+    """The guard never fires where the benchmark's own targets pass."""
+    for target in benchmark.TARGETS:
+        if target.metric in GUARD and target.op == ">=":
+            assert GUARD[target.metric] < target.bound - 0.2, target
