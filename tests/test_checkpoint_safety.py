@@ -3,6 +3,7 @@ else a checkpoint might smuggle in (a pickled callable) is still refused."""
 
 import os
 import pickle
+import sys
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def checkpoint(corpus_bin, tmp_path_factory):
 def test_fairseq_checkpoint_needs_the_allow_list(checkpoint):
     """Without the plugin, torch >= 2.6 refuses fairseq's checkpoint (so the allow-list is what loads it)."""
     code = f"import torch; torch.load('{checkpoint}')"
-    proc = run(["python", "-c", code], check=False)
+    proc = run([sys.executable, "-c", code], check=False)
     assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
 
 
@@ -109,6 +110,6 @@ def test_smuggled_callable_is_refused_by_interactive_and_from_pretrained(checkpo
         "from fairseq.models.transformer import TransformerModel\n"
         f"TransformerModel.from_pretrained('{tmp_path}', '{bad.name}', '{corpus_bin}')\n"
     )
-    hub = run(["python", "-c", code], check=False)
+    hub = run([sys.executable, "-c", code], check=False)
     assert hub.returncode != 0 and "refusing to load checkpoint" in hub.stderr
     assert not marker.exists()

@@ -5,6 +5,7 @@ No environment variable is set: checkpoints load with torch's default weights-on
 import math
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_from_pretrained_loads_and_translates(trained, corpus_bin):
         f"'{corpus_bin}', source_lang='src', target_lang='tgt')\n"
         "print('TRANSLATION', type(hub.models[0]).__name__, hub.translate('w1 w2 w3'))\n"
     )
-    proc = run(["python", "-c", code])
+    proc = run([sys.executable, "-c", code])
     assert "TRANSLATION ResiDualTransformerModel" in proc.stdout
 
 
