@@ -553,11 +553,16 @@ def result_row(c: Contender, base: Contender, batches: Batches, shape: dict) -> 
     return row
 
 
+# the metrics whose rows hold per-round ratios (a dict with a median) and that a profile can explain; memory
+# is one deterministic ratio, and its breakdown is in the memory measurement itself
+THROUGHPUT_METRICS = ("train", "decode")
+
+
 def missed_metrics(family: str, depth: str, row: dict) -> list[str]:
     """The throughput metrics (train, decode) on which ``row`` misses one of the family's targets."""
     return [t.metric for t in TARGETS
-            if t.family == family and t.depth in (None, depth) and f"{t.metric}_ratio" in row
-            and not t.holds(row[f"{t.metric}_ratio"]["median"])]  # fmt: skip
+            if t.family == family and t.metric in THROUGHPUT_METRICS and t.depth in (None, depth)
+            and f"{t.metric}_ratio" in row and not t.holds(row[f"{t.metric}_ratio"]["median"])]  # fmt: skip
 
 
 def op_times(fn: Callable[[], object]) -> dict[str, tuple[float, int]]:

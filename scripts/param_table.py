@@ -64,6 +64,40 @@ def matched_baseline(arch: str) -> str | None:
     return None
 
 
+def long_table(rows: list[dict]) -> str:
+    lines = ["| arch | family | enc | dec | d_model | d_ffn | heads | parameters | vs matched Pre-LN |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        delta = "" if r["vs_baseline"] is None else f"{r['vs_baseline']:+,}"
+        lines.append(f"| `{r['arch']}` | {r['family']} | {r['encoder_layers']} | {r['decoder_layers']} | "
+                     f"{r['embed_dim']} | {r['ffn_dim']} | {r['heads']} | {r['parameters']:,} | {delta} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def wide_table(rows: list[dict]) -> str:
+    """One row per (width, depth), one column per family: the parameter count, and the difference to the
+    matched Pre-LN model where there is one and it is not zero."""
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    shapes: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        shape = (r["embed_dim"], r["ffn_dim"], r["heads"], r["encoder_layers"], r["decoder_layers"])
+        shapes.setdefault(shape, {})[r["family"]] = r
+    lines = ["| d_model/d_ffn/heads | E/D | " + " | ".join(families) + " |",
+             "|---|---|" + "---:|" * len(families)]  # fmt: skip
+    for (dim, ffn, heads, enc, dec), by_family in shapes.items():
+        cells = []
+        for family in families:
+            r = by_family.get(family)
+            if r is None:
+                cells.append("")
+                continue
+            delta = r["vs_baseline"]
+            delta = "" if not delta else f" ({delta / 1e6:+.2f}M)" if abs(delta) >= 1e5 else f" ({delta:+,})"
+            cells.append(f"{r['parameters'] / 1e6:.2f}M{delta}")
+        lines.append(f"| {dim}/{ffn}/{heads} | E{enc}D{dec} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab-size", type=int, default=32000, help="joint vocabulary size (default 32000)")
@@ -73,6 +107,9 @@ def main(argv=None):
     parser.add_argument("--family", action="append", help="only these families (repeatable)")
     parser.add_argument("--width", action="append", choices=[w.rstrip("_") or "base" for w in WIDTHS],
                         help="only these widths (repeatable)")  # fmt: skip
+    parser.add_argument("--layout", choices=["long", "wide"], default="long",
+                        help="long: one row per architecture (default); wide: one row per width and depth, "
+                        "one column per family (the README's table)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
     if args.vocab_size < 8:
@@ -103,12 +140,7 @@ def main(argv=None):
         })  # fmt: skip
 
     print(f"Parameters for a joint vocabulary of {args.vocab_size} ({args.share} embeddings shared).\n")
-    print("| arch | family | enc | dec | d_model | d_ffn | heads | parameters | vs matched Pre-LN |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        delta = "" if r["vs_baseline"] is None else f"{r['vs_baseline']:+,}"
-        print(f"| `{r['arch']}` | {r['family']} | {r['encoder_layers']} | {r['decoder_layers']} | "
-              f"{r['embed_dim']} | {r['ffn_dim']} | {r['heads']} | {r['parameters']:,} | {delta} |")  # fmt: skip
+    print(long_table(rows) if args.layout == "long" else wide_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

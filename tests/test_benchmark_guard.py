@@ -91,3 +91,10 @@ def test_the_guard_bounds_are_far_below_the_targets():
     for target in benchmark.TARGETS:
         if target.metric in GUARD and target.op == ">=":
             assert GUARD[target.metric] < target.bound - 0.2, target
+
+
+def test_only_throughput_misses_are_profiled():
+    """--profile misses explains throughput misses; a memory ratio (one number, no rounds) is never profiled."""
+    row = {"train_ratio": {"median": 0.5}, "decode_ratio": {"median": 0.99}, "memory_ratio": 2.0}
+    assert benchmark.missed_metrics("dca_k2", "e18d18", row) == ["train"]
+    assert benchmark.missed_metrics("dca_k2", "e6d6", row) == []  # its training target is at E18D18 only

@@ -54,3 +54,38 @@ def test_baselines_are_fairseqs_own_transformer(arch):
     pre = "preln" in arch
     assert (model.encoder.layer_norm is not None) == pre and (model.decoder.layer_norm is not None) == pre
     assert all(layer.normalize_before == pre for layer in [*model.encoder.layers, *model.decoder.layers])
+
+
+def _param_table(argv: list[str], capsys) -> str:
+    import importlib.util
+
+    from .helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("param_table", REPO / "scripts" / "param_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv)
+    return capsys.readouterr().out
+
+
+def test_param_table_counts_what_fairseq_builds(tmp_path, capsys):
+    """scripts/param_table.py (the README's table) reports the parameters of the models fairseq-train builds."""
+    rows_file = tmp_path / "rows.json"
+    out = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--vocab-size", "100",
+                        "--json", str(rows_file)], capsys)  # fmt: skip
+    import json
+
+    rows = {r["arch"]: r for r in json.loads(rows_file.read_text())}
+    assert set(rows) == {a for a, p in PRESETS.items() if p.family in ("dca_k2", "residual") and "iwslt_" in a}
+    for arch in ("dca_k2_iwslt_e6d6", "residual_iwslt_e12d6"):
+        from .helpers import TinyTask
+
+        model = build_model(arch, ["--share-all-embeddings"], task=TinyTask(100 - 4), tiny=False)
+        assert rows[arch]["parameters"] == sum(p.numel() for p in model.parameters())
+        assert f"`{arch}`" in out
+    assert rows["residual_iwslt_e6d6"]["vs_baseline"] == 0
+    assert rows["dca_k2_iwslt_e6d6"]["vs_baseline"] > 0
+    wide = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--layout", "wide"],
+                        capsys)  # fmt: skip
+    assert "| d_model/d_ffn/heads | E/D | dca_k2 | residual |" in wide
+    assert wide.count("| 256/1024/4 |") == len(DEPTHS)
