@@ -346,8 +346,9 @@ def test_grn_parameters_are_a_negligible_addition(arch, grn_params):
 # ------------------------------------------------------------------------------------------- end to end
 
 
-def test_train_then_generate_translates_every_sentence(corpus_bin, tmp_path):
-    run(train_command(corpus_bin, tmp_path, "dca_k2_e6d6", max_update=2))
+@pytest.mark.parametrize("arch", ["dca_e18d18", "dca_k2_e36d6"])
+def test_train_then_generate_translates_every_sentence(arch, corpus_bin, tmp_path):
+    run(train_command(corpus_bin, tmp_path, arch, max_update=2))
     proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
     assert sorted(hypotheses(proc.stdout)) == list(range(21))
     assert "Translated 21 sentences" in proc.stdout + proc.stderr
