@@ -230,6 +230,19 @@ def test_forward_matches_a_direct_implementation(mode, k):
     torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_self_attention_reads_separate_keys_and_values_on_every_path():
+    """fairseq's attention has a fused path (training, full-sequence decoding) and a Python one (TorchScript,
+    ONNX, pruned heads, incremental decoding); both must read GRN_k and GRN_v, not project the query."""
+    model = randomize_dca(build_model("dca_e6d6", DEPTH))
+    batch = random_batch(model)
+    with torch.no_grad():
+        fused, _ = model(*batch)
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            layer.self_attn.skip_embed_dim_check = True  # one of the switches that bypass the fused path
+        python_path, _ = model(*batch)
+    torch.testing.assert_close(python_path, fused, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k", ["0", "1", "2"])
 def test_initial_model_is_the_pre_ln_transformer(mode, k):

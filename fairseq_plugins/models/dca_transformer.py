@@ -28,8 +28,9 @@ With b = 1 and w = 0 every GRN returns G_t 1 and the model computes exactly the 
 
 Incremental decoding: a stack is per position, so it is rebuilt from the current position's embedding at
 every step and never cached; beam search caches only attention's keys and values, as for the baseline.
-Self-attention is built with ``self_attention=False``, because fairseq's ``self_attention=True`` projects keys
-and values from the query on the incremental path (the parameters are the same).
+Self-attention is built with ``self_attention=False`` in encoder and decoder, because fairseq's
+``self_attention=True`` projects keys and values from the query on every path but PyTorch's fused one (the
+decoder's incremental path among them); the parameters are the same.
 
 Memory: the GRN outputs are recomputed in backward rather than kept for their LayerNorm (modules/grn.py), so a
 layer keeps its stack entry (and, in k-DCA, its middle sum) and three LayerNorm outputs for the q/k/v
@@ -98,6 +99,15 @@ class DCAEncoderLayer(_ReadsStack, TransformerEncoderLayerBase):
     def __init__(self, cfg, grn: GRN):
         super().__init__(cfg)
         self.grn = grn
+
+    def build_self_attention(self, embed_dim, cfg):
+        # fairseq's version with self_attention=False: with True, every path but PyTorch's fused one (TorchScript,
+        # ONNX export, pruned heads) projects keys and values from the query and would ignore GRN_k and GRN_v
+        return MultiheadAttention(
+            embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=False,
+            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+        )  # fmt: skip
 
     # Copied from fairseq 0.12.3 TransformerEncoderLayerBase.forward, Pre-LN branch (queries, keys and values
     # get different inputs, no hook exists for that); changed: the inputs, and the output excludes the input.
