@@ -26,7 +26,6 @@ hypotheses per test set, results.json and results.md.
 import argparse
 import re
 import statistics
-import sys
 from pathlib import Path
 
 from recipe_common import (
@@ -40,6 +39,7 @@ from recipe_common import (
     read_manifest,
     run_command,
     run_main,
+    split_passthrough,
     write_json,
     write_lines,
 )
@@ -48,9 +48,7 @@ TAG = "evaluate"
 
 
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+    own, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 usage="%(prog)s [options] DATASET CHECKPOINT [-- fairseq-generate options]")  # fmt: skip
     p.add_argument("dataset", help="a prepared dataset: data-bin/NAME or a directory with recipe.json")

@@ -43,6 +43,15 @@ class RecipeError(Exception):
     """A problem with the recipe's inputs or settings: reported as one line, exit status 1."""
 
 
+def split_passthrough(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the recipe's own arguments, those after ``--``, which go to the fairseq tool unchanged)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def run_main(tag: str, main: Callable[[], None]) -> None:
     """Run ``main``; a RecipeError becomes ``[tag] error: ...`` on stderr and exit status 1."""
     try:

@@ -46,6 +46,7 @@ from recipe_common import (
     log,
     read_manifest,
     run_main,
+    split_passthrough,
     write_json,
 )
 
@@ -161,9 +162,7 @@ def resolve_data(dataset: str, data_bin: Path | None) -> Path:
 
 
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+    own, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 usage="%(prog)s [options] ARCH DATASET [-- fairseq-train options]")  # fmt: skip
     p.add_argument("arch", help="a registered --arch name, e.g. residual_iwslt_e12d12")
