@@ -10,7 +10,9 @@ weights that pruning would separate from their layer (``modules/cross_layer_guid
 fairseq 0.12.3 parses the training flag as ``List[int]`` (``TransformerConfig.layers_to_keep``) while its
 ``build_model`` and ``prune_state_dict`` split a comma string, so ``fairseq-train --encoder-layers-to-keep``
 fails with ``AttributeError: 'list' object has no attribute 'split'`` for fairseq's own transformer. The
-plugin's models accept both forms and store the comma string fairseq expects.
+plugin's models accept both forms and store the comma string fairseq expects. And ``prune_state_dict`` keeps
+only the layers some pruning pass names, so pruning one side alone drops every layer of the other side
+(``Missing key(s) ... decoder.layers.0...``); the plugin's models then name all layers of the other side.
 """
 
 from ..validation import PluginOptionError
@@ -22,7 +24,12 @@ def check_layers_to_keep(args) -> None:
     """Validate ``args.{side}_layers_to_keep`` (list or comma string) and store it as a sorted comma string.
 
     Each item must be a distinct layer number in ``0 .. {side}_layers - 1`` (the model's depth before pruning).
+    If only one side is pruned, the other keeps all its layers explicitly (fairseq's one-sided pruning bug).
     """
+    pruned = [side for side in SIDES if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", [])]
+    for side in SIDES:
+        if pruned and side not in pruned:
+            setattr(args, f"{side}_layers_to_keep", ",".join(map(str, range(getattr(args, f"{side}_layers")))))
     for side in SIDES:
         name = f"{side}_layers_to_keep"
         value = getattr(args, name, None)

@@ -26,6 +26,8 @@ from .presets import register_family
 
 
 class ResiDualEncoder(LayerStackEncoder):
+    torchscript = True
+
     def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float):
         super().__init__(cfg, dictionary, embed_tokens)
         self.dual_stream = DualResidualStream(
@@ -51,6 +53,8 @@ class ResiDualEncoder(LayerStackEncoder):
 
 
 class ResiDualDecoder(LayerStackDecoder):
+    torchscript = True
+
     def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.dual_stream = DualResidualStream(

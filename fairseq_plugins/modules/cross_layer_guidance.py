@@ -37,6 +37,7 @@ Interpretations (the paper leaves these open):
   the layer's own projection, holding the shared weights it was trained with.
 """
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Sequence
@@ -137,15 +138,14 @@ class TiedLinear(nn.Module):
 
     In ``state_dict()`` the shared values appear once, under the owner's name: this module saves nothing.
     Loading ignores its own name unless the checkpoint holds a value there that differs from the owner's
-    (the checkpoint trained the two separately): that is an error, never a silent choice of one of them.
+    (the checkpoint trained the two separately): that is an error (``tie_pairs``' load hook), never a
+    silent choice of one of them.
     """
 
-    def __init__(self, owner: nn.Linear, lower: str = "", upper: str = ""):
+    def __init__(self, owner: nn.Linear):
         super().__init__()
         self.weight = owner.weight
         self.register_parameter("bias", owner.bias)
-        # module paths inside a layer (GuidancePair.lower/upper): where the owner sits in the layer above
-        self.lower, self.upper = lower, upper
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -157,25 +157,29 @@ class TiedLinear(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         pass  # saved once, by the owner
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):  # fmt: skip
-        owner_prefix = _partner_prefix(prefix, self.lower, self.upper)
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        # loaded once, through the owner; an entry of its own was checked against the owner's by the layer
+        # stack (``tie_pairs``' hook), which sees both
         for name in ("weight", "bias"):
-            value = state_dict.pop(prefix + name, None)
-            owner_value = state_dict.get(owner_prefix + name) if owner_prefix else None
-            if value is not None and owner_value is not None and not torch.equal(value, owner_value):
+            state_dict.pop(prefix + name, None)
+
+
+def _check_tied_entries(pairs: list[GuidancePair], state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs) -> None:  # fmt: skip
+    """Load pre-hook of a tied layer stack: an entry saved under a tied lower projection (a re-materialised or
+    a pruned checkpoint's) must equal its owner's; it is then dropped, since the owner loads the value."""
+    for pair in pairs:
+        for name in ("weight", "bias"):
+            own = f"{prefix}{pair.t - 1}.{pair.lower}.{name}"
+            owner = f"{prefix}{pair.t}.{pair.upper}.{name}"
+            value = state_dict.pop(own, None)
+            if value is not None and owner in state_dict and not torch.equal(value, state_dict[owner]):
                 error_msgs.append(
-                    f"{prefix}{name} is tied to {owner_prefix}{name} in this model (hard guidance), but the "
-                    "checkpoint holds two different values: it was trained with other ties, e.g. saved from a "
-                    "pruned model (--encoder/decoder-layers-to-keep) whose record of kept layers "
+                    f"{own} is tied to {owner} in this model (hard guidance), but the checkpoint holds two "
+                    "different values: it was trained with other ties, e.g. saved from a pruned model "
+                    "(--encoder/decoder-layers-to-keep) whose record of kept layers "
                     "(guidance_encoder/decoder_layer_ids in its args) is missing here"
                 )
-
-
-def _partner_prefix(prefix: str, lower: str, upper: str) -> str | None:
-    """``...layers.{i}.{lower}.`` -> ``...layers.{i+1}.{upper}.``, or None if ``prefix`` is not of that form."""
-    match = re.fullmatch(rf"(.*?)(\d+)\.{re.escape(lower)}\.", prefix) if lower else None
-    return f"{match.group(1)}{int(match.group(2)) + 1}.{upper}." if match else None
 
 
 # lower projection -> its partner in the layer above, for every pair eq. 3, 5 and 6 can form
@@ -209,18 +213,21 @@ def materialise_tied_projections(state_dict: dict, stack_prefix: str, blocks: It
                         state_dict[own] = state_dict[partner]
 
 
-def tie_pairs(layers: Sequence[nn.Module], pairs: Iterable[GuidancePair]) -> None:
+def tie_pairs(layers: nn.ModuleList, pairs: Iterable[GuidancePair]) -> None:
     """Hard guidance: replace each pair's lower projection by a ``TiedLinear`` of the upper one.
 
     The lower layer's own initial weights are discarded; the shared ones start from layer t+1's.
     """
+    pairs = list(pairs)
     for pair in pairs:
         lower, upper = projections(layers, pair)
         if lower.weight.shape != upper.weight.shape:
             raise ValueError(f"cannot tie {pair}: shapes {tuple(lower.weight.shape)}, {tuple(upper.weight.shape)}")
         parent_path, _, name = pair.lower.rpartition(".")
         parent = layers[pair.t - 1].get_submodule(parent_path) if parent_path else layers[pair.t - 1]
-        setattr(parent, name, TiedLinear(upper, pair.lower, pair.upper))
+        setattr(parent, name, TiedLinear(upper))
+    # on the stack, not the TiedLinear: torch hands each module only the state entries under its own prefix
+    layers._register_load_state_dict_pre_hook(functools.partial(_check_tied_entries, pairs))
 
 
 def tied_parameter_count(pairs: Iterable[GuidancePair], embed_dim: int, ffn_dim: int, bias: bool = True) -> int:
