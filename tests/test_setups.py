@@ -174,6 +174,7 @@ def test_the_set_up_is_chosen_once_and_said():
     assert setups.choose_setup("paper", "dca_k2_e6d6")[0] == "dca"
     assert setups.choose_setup("authors", "residual_e6d6")[0] == "residual-authors"
     assert setups.choose_setup("crossformer-paper", "residual_e6d6") == ("crossformer-paper", "HPARAMS=crossformer-paper")
+    assert setups.choose_setup("crossformer", "residual_e6d6")[0] == "crossformer-paper"  # the earlier names still work
     with pytest.raises(RecipeError, match="released no NMT configuration"):
         setups.choose_setup("authors", "crossformer_hg_e6d6")
     with pytest.raises(RecipeError, match="allowed auto, paper, authors, residual-paper"):

@@ -277,6 +277,7 @@ for _name, _datasets in SETUPS.items():  # a set-up that misses a setting (or ad
 
 # what HPARAMS accepts besides a set-up's name; the family's paper decides paper/authors/auto
 CHOICES = ("auto", "paper", "authors", *SETUPS_ORDER)
+LEGACY = {"residual": "residual-paper", "crossformer": "crossformer-paper"}  # the recipe's earlier names
 
 
 def family_paper(arch: str) -> str:
@@ -291,6 +292,8 @@ def family_paper(arch: str) -> str:
 
 def choose_setup(hparams: str, arch: str) -> tuple[str, str]:
     """(set-up name, why) for ``HPARAMS=hparams``; ``arch`` is the first architecture of the comparison."""
+    if hparams in LEGACY:
+        return LEGACY[hparams], f"HPARAMS={hparams} (the earlier name of {LEGACY[hparams]})"
     if hparams not in CHOICES:
         raise RecipeError(f"--hparams {hparams!r} (HPARAMS): allowed {', '.join(CHOICES)}")
     if hparams in SETUPS:

@@ -409,9 +409,9 @@ def plan(args, arch: str, setup: str, why: str, env=None, visible: int | None = 
             f"{tokens} tokens per update ({rows['tokens_per_update'].source}) cannot be split exactly over "
             f"{world} processes ({args.nodes} node(s) x {processes} {'GPU(s)' if gpus else 'CPU process(es)'}) with at "
             f"most {rows['max_tokens'].value} tokens per GPU batch: processes x --max-tokens x --update-freq must "
-            f"equal {tokens}. Choose NUM_NODES x NUM_GPUS (--nodes x --gpus) among "
-            f"{', '.join(map(str, exact_worlds(tokens)))}, or set TOKENS_PER_UPDATE (--tokens-per-update) or "
-            "MAX_TOKENS (--max-tokens)"
+            f"equal {tokens}, and lowering --max-tokens (MAX_TOKENS) cannot help when the process count does not "
+            f"divide it. Choose NUM_NODES x NUM_GPUS (--nodes x --gpus; CPU_PROCS on CPU) among "
+            f"{', '.join(map(str, exact_worlds(tokens)))}, or set TOKENS_PER_UPDATE (--tokens-per-update)"
         )
     max_tokens, update_freq = split
     if max_tokens < rows["max_tokens"].value:
@@ -491,10 +491,11 @@ def plan(args, arch: str, setup: str, why: str, env=None, visible: int | None = 
     if changed:
         notes.append(f"pass-through after -- overrides the recipe's {', '.join(changed)}")
     cmd = [str(c) for c in launcher_prefix(launcher, args, processes, env, notes) + cmd + list(args.extra)]
-    final = int(last_value(cmd, "--max-tokens")) * int(last_value(cmd, "--update-freq") or 1) * int(
-        last_value(cmd, "--distributed-world-size") or 1
-    )
-    if final != tokens:
+    given = [last_value(cmd, o) or "1" for o in ("--max-tokens", "--update-freq", "--distributed-world-size")]
+    final = tokens
+    if not all(g.isdigit() for g in given):  # e.g. a per-epoch --update-freq list
+        notes.append(f"DEVIATION: pass-through batch options {' '.join(given)}: tokens per update not checked")
+    elif (final := int(given[0]) * int(given[1]) * int(given[2])) != tokens:
         notes.append(f"DEVIATION: the pass-through options give {final} tokens per update; the set-up's is {tokens}")
     return Plan(arch, model, setup, why, manifest["dataset"], data, Path(args.save_dir_for(arch, name)), rows,
                 direction, precision, processes, args.nodes, gpus, launcher, max_tokens, update_freq, final, cmd,
@@ -566,10 +567,11 @@ def stream(cmd: list[str]) -> tuple[int, str]:
 
 
 def summarize(output: str) -> dict:
-    """Facts from fairseq-train's simple log: parameters, updates, last validation loss."""
+    """Facts from fairseq-train's log (simple or json format): parameters, updates, last validation loss."""
     params = re.findall(r"num\. (?:shared )?model params: ([\d,]+)", output)
-    updates = re.findall(r"num_updates (\d+)", output)
-    valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", output)
+    updates = re.findall(r"num_updates\"?:? \"?(\d+)", output)
+    valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+)|\"valid_loss\": \"([\d.]+)\"", output)
+    valid = ["".join(v) for v in valid]
     return {
         "parameters": int(params[-1].replace(",", "")) if params else None,
         "num_updates": int(updates[-1]) if updates else None,
