@@ -189,6 +189,8 @@ RESIDUAL_AUTHORS["wmt14_en_fr"] = _with(
 
 # -------------------------------------------------------------------------------------- Crossformer
 
+_H3_OTHERS = "ResiDual appendix H.3: residual models in half precision need it (the value: the authors' opus.yaml)"
+
 _XF = "Crossformer sec. 4.1"
 _XA = "Crossformer A.1"
 _WU = "Crossformer sec. 4.1: Wu et al. 2019's IWSLT set-up"
@@ -215,7 +217,7 @@ _XF_WMT = _rows(
     max_positions=(0, "not stated; fairseq's default"),
     precision=("fp16", "not stated; fp16 assumed (fairseq's WMT scripts, Ott et al. 2018)"),
     fp16_init_scale=(0, "not stated; fairseq's default"),
-    dual_residual_scale=(None, "not Crossformer's"),
+    dual_residual_scale=(0.05, _H3_OTHERS),
     checkpoint=("average-5", f"{_VASWANI}: average of the last 5 checkpoints (saved every 1000 updates here)"),
     patience=(0, "not stated: no early stopping"),
     seed=(1, "not stated; the recipe's default"),
@@ -253,7 +255,7 @@ MULTI30K = _rows(
     attention_dropout=(0.0, _CPU), activation_dropout=(0.0, _CPU), label_smoothing=(0.1, _CPU),
     tokens_per_update=(2048, _CPU), max_tokens=(4096, _CPU), max_update=(20_000, _CPU),
     embeddings=("share-all", f"{_CPU} (joint SentencePiece)"), max_positions=(0, "fairseq's default"),
-    precision=("fp32", _CPU), fp16_init_scale=(0, "fairseq's default"), dual_residual_scale=(None, "fp32: not used"),
+    precision=("fp32", _CPU), fp16_init_scale=(0, "fairseq's default"), dual_residual_scale=(0.05, _H3_OTHERS),
     checkpoint=("best-loss", f"{_CPU}: checkpoint_best.pt (lowest valid loss)"), patience=(0, _CPU),
     seed=(1, _CPU), guidance_weight=(0.01, "Crossformer A.1 (only crossformer_sg models use it)"),
 )  # fmt: skip
