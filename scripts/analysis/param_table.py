@@ -371,7 +371,8 @@ def paper_table(rows: list[dict], vocabularies: dict[str, Vocabulary]) -> str:
              "Dictionaries (entries with fairseq's specials and padding) and embedding sharing:"]  # fmt: skip
     for v in vocabularies.values():
         sizes = " / ".join(f"{n:,}" for n in v.sizes)
-        lines.append(f"- {v.title}: {sizes} ({v.option}), {SHARING[v.share] or ['no embedding shared']}: {v.source}")
+        shared = " ".join(SHARING[v.share]) or "no embedding shared"
+        lines.append(f"- {v.title}: {sizes} ({v.option}), {shared}: {v.source}")
     lines += ["", "| table | column | model | layers | arch and options | paper | ours | ours - paper | within 0.5M |",
               "|---|---|---|---:|---|---:|---:|---:|---|"]  # fmt: skip
     notes = []
