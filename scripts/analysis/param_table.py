@@ -212,7 +212,7 @@ def _vocabulary_settings(vocab: Vocabulary) -> tuple[list[str], int, int | None]
 def crossformer_param_rows(vocabularies: dict[str, Vocabulary]) -> list[dict]:
     """One dict per #Params row of Crossformer tables 1-3: the paper's number, this project's count of the
     same model built as fairseq-train builds it for the same dictionaries, and why they differ if they do."""
-    from fairseq_plugins.modules.cross_layer_guidance import guidance_pairs
+    from fairseq_plugins.modules.cross_layer_guidance import BLOCKS, guidance_pairs
 
     cache: dict[tuple, int] = {}
 
@@ -245,7 +245,8 @@ def crossformer_param_rows(vocabularies: dict[str, Vocabulary]) -> list[dict]:
             if row.arch == "transformer_preln_e6d6" and row.column != "IWSLT'14 De-En, hard guidance":
                 entry["alternatives"] = _alternatives(row, count)
         elif preset.model == "crossformer_hg":
-            blocks = ("key-query", "ffn", "value") if row.guidance is None else (row.guidance,)
+            guided = row.guidance or preset.settings["guidance"]  # crossformer_all_e16d6: "all"
+            blocks = BLOCKS if guided == "all" else tuple(guided.split(","))
             # the Pre-LN transformer of the same width and depth (presets are defaults: the depth overrides)
             base = next(p.arch for p in PRESETS.values() if p.family == "transformer_preln" and p.width == preset.width)
             depth = ["--encoder-layers", str(preset.encoder_layers), "--decoder-layers", str(preset.decoder_layers)]
