@@ -108,6 +108,19 @@ def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_downloaded_wmt_test_sets_are_sacrebleus_own_files(tmp_path, monkeypatch):
+    import prepare_wmt14
+    from sacrebleu.dataset import DATASETS
+
+    dataset = DATASETS["wmt14/full"]
+    monkeypatch.setattr(dataset, "_outdir", str(tmp_path))  # sacrebleu's cache, filled as its download leaves it
+    for field in dataset.fieldnames("en-de"):
+        fx.write_text(Path(dataset._get_txt_file_path("en-de", field)), [field])
+    files = prepare_wmt14.sacrebleu_test_files(2014, "de")
+    assert {lang: path.read_text() for lang, path in files.items()} == {"en": "src\n", "de": "ref\n"}
+    assert prepare_wmt14.test_lines(files["en"]) == ["src"]
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -353,8 +366,9 @@ def test_prepare_iwslt14_like_fairseq(tmp_path):
                                              "JOINED_DICTIONARY": "0"})  # fmt: skip
     assert "tokenise and clean: done already" in proc.stdout and "joint BPE (60 merges): done already" in proc.stdout
     assert fairseq_reads(tmp_path / "bin2", "de", "en") == sizes
-    def symbols(path: Path) -> set[str]:
-        return {line.split()[0] for line in path.read_text(encoding="utf-8").splitlines()}
+    def symbols(path: Path) -> set[str]:  # without fairseq's padding symbols (madeupwordNNNN)
+        return {w for w in (line.split()[0] for line in path.read_text(encoding="utf-8").splitlines())
+                if not w.startswith("madeupword")}  # fmt: skip
 
     joined = symbols(tmp_path / "bin" / "dict.de.txt")
     de, en = symbols(tmp_path / "bin2" / "dict.de.txt"), symbols(tmp_path / "bin2" / "dict.en.txt")
