@@ -121,6 +121,18 @@ def test_downloaded_wmt_test_sets_are_sacrebleus_own_files(tmp_path, monkeypatch
     assert prepare_wmt14.test_lines(files["en"]) == ["src"]
 
 
+def test_an_output_directory_is_reused_for_its_own_direction_only(tmp_path):
+    settings = {"corpus": "iwslt14", "bpe_merges": 10}
+    fx.write_text(tmp_path / "recipe.json", [json.dumps({"source_lang": "en", "target_lang": "de",
+                                                         "settings": settings})])  # fmt: skip
+    # a directory written before directions were recorded: its manifest's languages tell
+    data_common.check_output(tmp_path, {**settings, "direction": "en-de", "joined_dictionary": True})
+    with pytest.raises(data_common.RecipeError, match="other settings.*DEST_DIR"):
+        data_common.check_output(tmp_path, {**settings, "direction": "de-en", "joined_dictionary": True})
+    with pytest.raises(data_common.RecipeError, match="other settings"):
+        data_common.check_output(tmp_path, {**settings, "direction": "en-de", "joined_dictionary": False})
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

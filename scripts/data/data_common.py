@@ -83,9 +83,17 @@ def check_settings(work_dir: Path, settings: dict, steps: Sequence[str]) -> None
 
 
 def check_output(dest: Path, settings: dict) -> None:
-    """An existing output directory is only reused if its recipe.json records the same settings."""
+    """An existing output directory is only reused if its recipe.json records the same settings (including
+    the direction: a directory binarized en->de is never taken for de->en)."""
     if (dest / MANIFEST).is_file():
-        old = json.loads((dest / MANIFEST).read_text(encoding="utf-8")).get("settings")
+        manifest = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))
+        old = manifest.get("settings")
+        if isinstance(old, dict) and "direction" in settings and "direction" not in old:
+            # written before the settings named the direction and the dictionary layout: its languages say
+            # the direction, and its dictionary was joined
+            old = {**old, "direction": f"{manifest.get('source_lang')}-{manifest.get('target_lang')}"}
+            if "joined_dictionary" in settings:
+                old["joined_dictionary"] = manifest.get("joined_dictionary", True)
         if old != settings:
             raise RecipeError(f"{dest} was built with other settings ({old} there, {settings} now); "
                               "remove it or choose another DEST_DIR")  # fmt: skip
