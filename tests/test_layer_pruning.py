@@ -163,3 +163,16 @@ def test_dca_refuses_pruning_in_training_and_as_a_load_time_override(arch):
     with pytest.raises(PluginOptionError, match="--decoder-layerdrop and --decoder-layers-to-keep cannot be used"):
         type_of(arch).build_model(args, TASK)
 
+
+
+def test_parameters_keep_the_owners_order_and_names():
+    # optimizer states (Adam's moments) are matched to parameters by position: a shared Parameter must keep
+    # the owner's place and name, as in checkpoints saved before TiedLinear registered it
+    hg = build_model("crossformer_all_e16d6", [*SHAPE[:4], "--share-all-embeddings"], task=TASK)
+    seen, expected = set(), []
+    for name, value in hg.state_dict(keep_vars=True).items():  # TiedLinear saves nothing: the owners' order
+        if isinstance(value, nn.Parameter) and id(value) not in seen:
+            seen.add(id(value))
+            expected.append(name)
+    assert [name for name, _ in hg.named_parameters()] == expected
+    assert "encoder.layers.1.self_attn.q_proj.weight" in expected and "encoder.layers.0.self_attn.k_proj.weight" not in expected

@@ -31,6 +31,7 @@ from torch import Tensor
 from ..modules.cross_layer_guidance import (
     BLOCKS,
     NORMS,
+    TiedLinear,
     guidance_loss,
     guidance_pairs,
     materialise_tied_projections,
@@ -198,6 +199,22 @@ class CrossformerHGModel(_CrossformerModel):
         # at a time and get no layer index
         tie_pairs(self.encoder.layers, self.guidance_pairs["encoder"])
         tie_pairs(self.decoder.layers, self.guidance_pairs["decoder"])
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """fairseq's parameters, each shared one once under its owner's name and at its owner's place.
+
+        ``TiedLinear`` registers the owner's Parameters too (for TorchScript), which would put a shared
+        Parameter at the lower layer's place in ``parameters()``: a different order than checkpoints saved
+        before, whose optimizer states (Adam moments, matched to parameters by position) would then be
+        loaded onto other tensors of the same shape. Skipping the aliases keeps the order and names.
+        """
+        aliases = {f"{prefix}.{n}" if prefix else n for n, m in self.named_modules() if isinstance(m, TiedLinear)}
+        seen = set()
+        for name, param in super().named_parameters(prefix, recurse, remove_duplicate=False):
+            if name.rpartition(".")[0] in aliases or (remove_duplicate and id(param) in seen):
+                continue
+            seen.add(id(param))
+            yield name, param
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Give tied lower projections their own entries before fairseq prunes layers (``prune_state_dict``
