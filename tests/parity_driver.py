@@ -22,12 +22,14 @@ PRUNE = "{'encoder_layers_to_keep': '0,2', 'decoder_layers_to_keep': '1'}"
 
 
 def train_args(data: Path, save_dir: Path, arch: str, extra=()) -> list[str]:
+    # fairseq's test_transformer_layerdrop trains with LayerDrop before pruning; DCA refuses LayerDrop
+    layerdrop = [] if arch.startswith("dca") else ["--encoder-layerdrop", "0.01", "--decoder-layerdrop", "0.01"]
     return [
         str(data), "--user-dir", str(PLUGIN_DIR), "--arch", arch, *TINY, *SHAPE, "--cpu", "--seed", "1",
         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "2",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", *family_train_args(arch),
         "--save-dir", str(save_dir), "--no-progress-bar", "--log-format", "json", "--no-epoch-checkpoints",
-        "--no-save-optimizer-state", "--num-workers", "0", "--disable-validation", *extra,
+        "--no-save-optimizer-state", "--num-workers", "0", "--disable-validation", *layerdrop, *extra,
     ]  # fmt: skip
 
 
