@@ -20,8 +20,9 @@ Differences from the authors' two runs, none of which changes the numbers above:
 - the profiling pass runs automatically, on the first batch of training, as an extra no-grad forward
   before that batch's real one (``AdminTransformerModel.forward``); a buffer ``admin_profiled`` in the
   model's state_dict records it, so resuming from a checkpoint never profiles again, and
-  ``profile_admin(...)`` does it by hand. Under data parallelism each rank profiles its own batch and
-  the omegas are averaged across ranks, so all replicas start equal;
+  ``profile_admin(...)`` does it by hand. Under data parallelism every rank then takes rank 0's omegas
+  (as DDP starts every replica from rank 0's parameters), so the replicas agree and a 2-rank run equals
+  a single-process run with ``--update-freq 2``, whose first batch is rank 0's;
 - omega = omega_init + omega_delta: the profiled value is a buffer, the learned part a Parameter that
   starts at 0. Its gradient is omega's, so Adam (without weight decay) follows the same path as with
   omega itself learned; and fp16 optimizers, whose float32 master copies are made before the first
@@ -96,7 +97,7 @@ class AdminDecoderLayer(_AdminResidual, SiteDecoderLayer):
 
 @torch.no_grad()
 def profile_(encoder_layers, decoder_layers, forward) -> None:
-    """Run ``forward()`` once with profiling on (fills every omega_init), then average across ranks."""
+    """Run ``forward()`` once with profiling on (fills every omega_init), then take rank 0's values."""
     stacks = [(list(encoder_layers), AdminProfile()), (list(decoder_layers), AdminProfile())]
     for layers, profile in stacks:
         for layer in layers:
@@ -110,5 +111,4 @@ def profile_(encoder_layers, decoder_layers, forward) -> None:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         for layers, _ in stacks:
             for layer in layers:
-                dist.all_reduce(layer.omega_init)
-                layer.omega_init.div_(dist.get_world_size())
+                dist.broadcast(layer.omega_init, src=0)
