@@ -1,5 +1,6 @@
 """Admin (Liu et al., "Understanding the Difficulty of Training Transformers", EMNLP 2020,
-arXiv:2004.08249, section 4.3 "Admin"), Post-LN with a profiled residual scale per sublayer:
+arXiv:2004.08249, its "Admin" section; section number not checked), Post-LN with a profiled residual
+scale per sublayer:
 
     x_i = LN(omega_i * x_{i-1} + F_i(x_{i-1}))            omega_i a d-vector, learned
 
