@@ -2,8 +2,8 @@
 """Print every named architecture of the plugin as a Markdown table: layers, widths and the parameter
 count of the built model for a given vocabulary, next to its matched Pre-LN baseline.
 
-    python scripts/param_table.py --vocab-size 32000 > table.md
-    python scripts/param_table.py --family residual --family transformer_preln --width iwslt
+    python scripts/analysis/param_table.py --vocab-size 32000 > table.md
+    python scripts/analysis/param_table.py --family residual --family transformer_preln --width iwslt
 
 Models are built on PyTorch's meta device (shapes only, no memory, no initialisation cost), through
 fairseq's own argument parser, exactly as ``fairseq-train --arch NAME`` would build them.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fairseq import options
 from fairseq.data import Dictionary

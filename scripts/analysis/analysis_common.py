@@ -1,8 +1,8 @@
-"""Shared pieces of the analysis tools in scripts/ (grad_norms, low_rank_residual, grn_weights, depth_width,
+"""Shared pieces of the analysis tools in scripts/analysis/ (grad_norms, low_rank_residual, grn_weights, depth_width,
 compare): building a registered architecture exactly as ``fairseq-train --arch NAME`` does, option checks
 for argparse, and writing CSV / JSON / PNG outputs.
 
-The tools are run as ``python scripts/TOOL.py``, so this directory is on ``sys.path`` and they import this
+The tools are run as ``python scripts/analysis/TOOL.py``, so this directory is on ``sys.path`` and they import this
 module by its plain name; it puts the repository root on ``sys.path`` so ``fairseq_plugins`` imports too.
 """
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -91,7 +91,7 @@ def check_arch(parser, names: Iterable[str], option: str = "--arch") -> None:
     if unknown:
         parser.error(
             f"{option} {', '.join(unknown)} is not a registered architecture; "
-            "see `python scripts/param_table.py` for the plugin's names"
+            "see `python scripts/analysis/param_table.py` for the plugin's names"
         )
 
 
