@@ -442,21 +442,14 @@ def test_normformer_flags_can_be_switched_off():
     assert any("ffn_layernorm" in n for n in names)
 
 
-def test_admin_trains_and_translates_from_the_command_line(corpus_bin, tmp_path):
-    """fairseq-train profiles on its first batch and saves the omegas; fairseq-generate uses them."""
-    run(train_command(corpus_bin, tmp_path, "admin_e6d6", max_update=3))
-    state = torch.load(tmp_path / "checkpoint_last.pt")["model"]
-    assert bool(state["admin_profiled"])
-    assert float(state["encoder.layers.5.omega_init"].min()) > 1.0
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
-    assert len(hypotheses(proc.stdout)) == 21
-
-
-def test_admin_profiled_omegas_survive_the_fp16_optimizer(corpus_bin, tmp_path):
-    """fairseq's FP16Optimizer copies the parameters to float32 before the first batch; the profiled
-    omegas live in a buffer, so its first step cannot put the stale (all-ones) values back."""
-    extra = ["--fp16", "--fp16-no-flatten-grads", "--dropout", "0"]
-    run(train_command(corpus_bin, tmp_path, "admin_e6d6", max_update=2, extra=extra))
+def test_admin_trains_in_fp16_and_translates_from_the_command_line(corpus_bin, tmp_path):
+    """fairseq-train profiles on its first batch and saves the omegas; fairseq-generate uses them.
+    In half precision fairseq's FP16Optimizer copies the parameters to float32 before that batch; the
+    profiled omegas live in a buffer, so its first step cannot put the stale (all-ones) values back."""
+    extra = ["--fp16", "--fp16-no-flatten-grads"]
+    run(train_command(corpus_bin, tmp_path, "admin_e6d6", max_update=3, extra=extra))
     state = torch.load(tmp_path / "checkpoint_last.pt")["model"]
     omega = state["encoder.layers.5.omega_init"].float() + state["encoder.layers.5.omega_delta"].float()
     assert bool(state["admin_profiled"]) and float(omega.min()) > 1.0
+    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
+    assert len(hypotheses(proc.stdout)) == 21
