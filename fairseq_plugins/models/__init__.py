@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     crossformer,
     dca_transformer,
     depth_aggregation_transformer,
+    hc_transformer,
     laurel_transformer,
     residual_transformer,
 )
