@@ -8,6 +8,8 @@ errors, and fairseq-train + fairseq-generate end to end. Random small configurat
 their state_dict round trip), fp16 at E36D6 and resuming are covered by tests/test_properties.py,
 tests/test_numerics.py and tests/test_resume.py, which pick the families up from the preset table."""
 
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -260,6 +262,24 @@ def test_activation_checkpointing_gives_the_same_gradients(arch):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+FAMILY_ARCHS = ["denseformer_e6d6", "dlcl_e6d6", "laurel_rw_e6d6", "laurel_lr_e6d6", "laurel_pa_e6d6",
+                 "hc_static_e6d6", "hc_dynamic_e6d6"]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+def test_checkpoint_round_trip(arch):
+    """Saved and loaded (weights-only) into a model built with another seed: the same outputs, bit for bit."""
+    model = randomize_new_weights(build_model(arch, DEPTH))
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict()}, buffer)
+    buffer.seek(0)
+    fresh = build_model(arch, DEPTH, seed=5)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True)["model"], strict=True)
+    batch = random_batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(*batch)[0], model(*batch)[0], rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------ sizes and options
