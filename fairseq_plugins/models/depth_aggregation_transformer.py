@@ -24,7 +24,7 @@ from ..modules.depth_aggregation import (
 from ..modules.depth_stack import DepthStack
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import check_pre_ln_stack, set_defaults
+from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
 from .presets import register_family
 
 # k or p beyond a stack's depth is allowed and degenerate: k > L gives every DWA only its own block (the
@@ -59,6 +59,7 @@ class DenseFormerEncoder(_DenseFormerStack, LayerStackEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, dilation: int, period: int):
         super().__init__(cfg, dictionary, embed_tokens)
         self.dwa = DepthWeightedAverages(cfg.encoder.layers, dilation, period)
+        add_format_version(self, "denseformer")
 
     def run_layer(self, idx, layer, x, stack, padding_mask):
         stack.push(layer(x, encoder_padding_mask=padding_mask))
@@ -69,6 +70,7 @@ class DenseFormerDecoder(_DenseFormerStack, LayerStackDecoder):
     def __init__(self, cfg, dictionary, embed_tokens, dilation: int, period: int, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.dwa = DepthWeightedAverages(cfg.decoder.layers, dilation, period)
+        add_format_version(self, "denseformer")
 
     def run_layer(self, idx, layer, x, stack, *args, **kwargs):
         x, attn, _ = _decoder_layer(layer, x, *args, **kwargs)
@@ -99,6 +101,7 @@ class DLCLEncoder(_DLCLStack, LayerStackEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, init: str):
         super().__init__(cfg, dictionary, embed_tokens)
         self.dlcl = DynamicLinearCombination(cfg.encoder.layers, cfg.encoder.embed_dim, init, export=cfg.export)
+        add_format_version(self, "dlcl")
 
     def run_layer(self, idx, layer, x, stack, padding_mask):
         y = layer(self._input(idx, stack), encoder_padding_mask=padding_mask)
@@ -110,6 +113,7 @@ class DLCLDecoder(_DLCLStack, LayerStackDecoder):
     def __init__(self, cfg, dictionary, embed_tokens, init: str, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.dlcl = DynamicLinearCombination(cfg.decoder.layers, cfg.decoder.embed_dim, init, export=cfg.export)
+        add_format_version(self, "dlcl")
 
     def run_layer(self, idx, layer, x, stack, *args, **kwargs):
         y, attn, _ = _decoder_layer(layer, self._input(idx, stack), *args, **kwargs)

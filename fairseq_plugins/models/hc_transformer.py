@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..modules.hyper_connections import MODES, HyperConnection
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
-from .pre_ln_stack import check_pre_ln_stack, set_defaults
+from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
 from .presets import register_family
 
 MAX_RATE = 64
@@ -78,8 +78,7 @@ class HCDecoderLayer(_HyperConnected, TransformerDecoderLayerBase):
 
     def __init__(self, cfg, first_site: int, rate: int, dynamic: bool, no_encoder_attn: bool = False):
         super().__init__(cfg, no_encoder_attn)
-        self.sites = 2 if self.encoder_attn is None else 3
-        self._build_hc(cfg.decoder, self.sites, first_site, rate, dynamic, cfg.export)
+        self._build_hc(cfg.decoder, 2 if no_encoder_attn else 3, first_site, rate, dynamic, cfg.export)
 
     # The sublayers of fairseq 0.12.3 TransformerDecoderLayerBase.forward, Pre-LN branch without
     # cross-self-attention (rejected by check_pre_ln_stack) and the NormFormer scalings (not options of the
@@ -138,6 +137,7 @@ class HCEncoder(_HCStack, LayerStackEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, rate: int, dynamic: bool):
         self._init_hc(rate, dynamic)
         super().__init__(cfg, dictionary, embed_tokens)
+        add_format_version(self, "hc")
 
     def build_encoder_layer(self, cfg):
         first = self._next_sites(HCEncoderLayer.SITES)
@@ -152,10 +152,11 @@ class HCDecoder(_HCStack, LayerStackDecoder):
     def __init__(self, cfg, dictionary, embed_tokens, rate: int, dynamic: bool, no_encoder_attn=False):
         self._init_hc(rate, dynamic)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        add_format_version(self, "hc")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = HCDecoderLayer(cfg, self._hc_sites_built, self.hc_rate, self.hc_dynamic, no_encoder_attn)
-        self._next_sites(layer.sites)
+        sites = 2 if no_encoder_attn else 3
+        layer = HCDecoderLayer(cfg, self._next_sites(sites), self.hc_rate, self.hc_dynamic, no_encoder_attn)
         return wrap_layer(layer, cfg)
 
     def run_layer(self, idx, layer, x, streams, encoder_out, encoder_padding_mask, incremental_state,

@@ -16,7 +16,7 @@ from torch import nn
 from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import check_pre_ln_stack, set_defaults
+from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
 from .presets import register_family
 
 # r above the width is allowed (B A is then a full-rank D x D map with more parameters than it needs)
@@ -33,6 +33,7 @@ class _LaurelStack:
     def _init_laurel(self, num_layers: int, embed_dim: int, options: dict) -> None:
         self.laurel = nn.ModuleList(LaurelConnection(embed_dim=embed_dim, **options) for _ in range(num_layers))
         self._keep = options["pa_k"] if options["variant"] == "pa" else 1
+        add_format_version(self, "laurel")
 
     def begin_layers(self, x):
         return [x]

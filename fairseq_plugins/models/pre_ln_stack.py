@@ -1,11 +1,19 @@
 """What the depth-aggregation baselines (DenseFormer, DLCL, LAuReL, Hyper-Connections) share: a Pre-LN
 transformer whose layer loop (layer_stack.py) carries a per-layer history, with option defaults and checks."""
 
+import torch
 from fairseq.models.transformer import base_architecture
+from torch import nn
 
 from ..validation import PluginOptionError
 
 PRE_LN = {"encoder_normalize_before": True, "decoder_normalize_before": True}
+FORMAT_VERSION = 1.0  # of the added weights' layout, for upgrade_state_dict_named should it ever change
+
+
+def add_format_version(stack: nn.Module, family: str) -> None:
+    """Record the layout version of the family's weights in the encoder's or decoder's state dict."""
+    stack.register_buffer(f"{family}_version", torch.tensor([FORMAT_VERSION]))
 
 
 def set_defaults(args, defaults: dict[str, object]) -> None:

@@ -67,7 +67,7 @@ class DepthWeightedAverages(nn.Module):
             self.weights[str(i)] = nn.Parameter(a)
 
     def has(self, i: int) -> bool:
-        return i % self.period == 0 and str(i) in self.weights
+        return str(i) in self.weights
 
     def forward(self, i: int, stack: Tensor) -> Tensor:
         """Y_i from the stack (i + 1, seq_len, batch, embed_dim) = [X_0, ..., X_i]."""
