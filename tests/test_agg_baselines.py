@@ -30,6 +30,7 @@ from .helpers import (
     train_command,
 )
 from .test_dca import attention, ffn, layer_norm
+from .test_properties import right_pad
 
 DEPTH = ["--encoder-layers", "5", "--decoder-layers", "4"]
 BASELINE = "transformer_preln_e6d6"
@@ -280,6 +281,20 @@ def test_checkpoint_round_trip(arch):
     batch = random_batch(model)
     with torch.no_grad():
         torch.testing.assert_close(fresh(*batch)[0], model(*batch)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+def test_each_sentence_is_independent_of_its_batch_and_padding(arch):
+    """The histories are per position: nothing mixes sentences of a batch or sees the padding."""
+    model = randomize_new_weights(build_model(arch, DEPTH))
+    src, lengths, prev = random_batch(model, batch=3, src_len=7)
+    with torch.no_grad():
+        batched, _ = model(src, lengths, prev)
+        right, _ = model(right_pad(src, model.encoder.dictionary.pad()), lengths, prev)
+        alone = [model(src[i : i + 1, src.size(1) - int(n) :], lengths[i : i + 1], prev[i : i + 1])[0]
+                 for i, n in enumerate(lengths)]  # fmt: skip
+    torch.testing.assert_close(torch.cat(alone), batched, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(right, batched, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ sizes and options
