@@ -1,5 +1,5 @@
 # Sourced by every recipe (not run on its own): sets $root (the repository) and $py (the Python that runs
-# the recipe's scripts/*.py and fairseq).
+# the recipe's scripts/*/*.py and fairseq).
 #   RECIPE_PYTHON=/path/to/python  use that interpreter as it is and skip scripts/setup_env.sh (the tests do)
 #   VENV_DIR=...                   otherwise scripts/setup_env.sh creates or reuses this venv (default .venv)
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

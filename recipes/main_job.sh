@@ -2,7 +2,7 @@
 # The main job: ResiDual against its Pre-LN baseline on Multi30k De->En at CPU scale, end to end: set up
 # .venv, download and prepare Multi30k, train both models, evaluate them with sacrebleu and write a comparison
 # table (OUT_DIR/results.md and results.json). About 25 minutes on 2 CPU cores with the defaults.
-# Usage: bash recipes/main_job.sh [more options of scripts/main_job.py]
+# Usage: bash recipes/main_job.sh [more options of scripts/training/main_job.py]
 # Environment (defaults in brackets):
 #   MULTI30K_DIR       a local Multi30k copy (train/val/test_2016_flickr.LANG.gz): no download
 #   ARCHS              [residual_iwslt_e6d6 transformer_preln_iwslt_e6d6]
@@ -26,4 +26,4 @@ if [ -n "${MULTI30K_DIR:-}" ]; then args+=(--raw-dir "$MULTI30K_DIR"); fi
 if [ -n "${OUT_DIR:-}" ]; then args+=(--out-dir "$OUT_DIR"); fi
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
-exec "$py" "$root/scripts/main_job.py" "${args[@]}" "$@"
+exec "$py" "$root/scripts/training/main_job.py" "${args[@]}" "$@"

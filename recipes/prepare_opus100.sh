@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # OPUS-100 (English-centric, both directions in one model) as in the ResiDual paper: joint SentencePiece
 # (64k), a <2xx> target-language token before each source sentence. Downloads about 2.5 GB.
-# Usage: bash recipes/prepare_opus100.sh [more options of scripts/prepare_opus100.py]
+# Usage: bash recipes/prepare_opus100.sh [more options of scripts/data/prepare_opus100.py]
 # Environment (defaults in brackets):
 #   RAW_DIR              a local directory holding opus-100-corpus/: no download
 #   LANGS [all]          comma-separated non-English languages, e.g. de,fr,zh
@@ -16,4 +16,4 @@ if [ -n "${WORK_DIR:-}" ]; then args+=(--work-dir "$WORK_DIR"); fi
 if [ -n "${DEST_DIR:-}" ]; then args+=(--dest-dir "$DEST_DIR"); fi
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
-exec "$py" "$root/scripts/prepare_opus100.py" "${args[@]}" "$@"
+exec "$py" "$root/scripts/data/prepare_opus100.py" "${args[@]}" "$@"

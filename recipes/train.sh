@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train an architecture on a prepared dataset with the papers' hyper-parameters (scripts/train_recipe.py
+# Train an architecture on a prepared dataset with the papers' hyper-parameters (scripts/training/train_recipe.py
 # says which table each number comes from), on every visible GPU in fp16, or on the CPU.
 # Usage: bash recipes/train.sh ARCH DATASET [-- more fairseq-train options]
 #   e.g. bash recipes/train.sh residual_iwslt_e12d12 iwslt14_en_de
@@ -24,4 +24,4 @@ if [ -n "${MAX_UPDATE:-}" ]; then args+=(--max-update "$MAX_UPDATE"); fi
 if [ -n "${AVERAGE_LAST:-}" ]; then args+=(--average-last "$AVERAGE_LAST"); fi
 dry="$(bool_var DRY_RUN 0)"
 if [ "$dry" = 1 ]; then args+=(--dry-run); fi
-exec "$py" "$root/scripts/train_recipe.py" "${args[@]}" "$@"
+exec "$py" "$root/scripts/training/train_recipe.py" "${args[@]}" "$@"

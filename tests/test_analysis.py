@@ -1,4 +1,4 @@
-"""The analysis tools in scripts/ at tiny sizes: each runs, writes its CSV / JSON / PNG, rejects bad options
+"""The analysis tools in scripts/analysis/ at tiny sizes: each runs, writes its CSV / JSON / PNG, rejects bad options
 with a message naming them, and shows the paper's qualitative claim where that is cheap to check."""
 
 import csv
@@ -11,7 +11,7 @@ import torch
 
 from .helpers import REPO, run, train_command
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "analysis"))
 
 TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare"]
 
@@ -38,7 +38,7 @@ def test_every_tool_has_help_naming_its_paper(name):
 
 
 def test_scripts_run_as_files():
-    proc = run([sys.executable, REPO / "scripts" / "depth_width.py", "--budget", "85M"])
+    proc = run([sys.executable, REPO / "scripts" / "analysis" / "depth_width.py", "--budget", "85M"])
     assert "depth 23" in proc.stdout and "width 555" in proc.stdout
 
 

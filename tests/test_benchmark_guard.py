@@ -1,4 +1,4 @@
-"""A regression guard CI can afford: scripts/benchmark.py at tiny size fails a family only when it is grossly
+"""A regression guard CI can afford: scripts/benchmark/benchmark.py at tiny size fails a family only when it is grossly
 slower than fairseq's transformer (training below GUARD["train"], beam decoding below GUARD["decode"]).
 
 Never on noise: the baseline and every family are built side by side and measured in interleaved rounds with
@@ -32,7 +32,7 @@ ARGS = [
 
 
 def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark" / "benchmark.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("benchmark", module)
     spec.loader.exec_module(module)
@@ -82,7 +82,7 @@ def test_no_gross_slowdown_against_fairseq_transformer(family, verdicts):
         pytest.skip(f"family {family} is not registered (no {family}_iwslt_e6d6 preset) yet")
     assert not verdicts[family], (
         f"{family} is grossly slower than transformer_preln at tiny E6D6: {'; '.join(verdicts[family])} "
-        f"(bounds {GUARD}); profile it with scripts/benchmark.py --family {family}"
+        f"(bounds {GUARD}); profile it with scripts/benchmark/benchmark.py --family {family}"
     )
 
 

@@ -1,4 +1,4 @@
-"""The recipes (recipes/*.sh over scripts/*.py) on small fixture corpora laid out like the real downloads.
+"""The recipes (recipes/*.sh over scripts/{data,training}/*.py) on small fixture corpora laid out like the real downloads.
 
 Each preparation pipeline runs end to end and produces binarized data fairseq reads; the training and
 evaluation recipes run for a few updates on tiny models (WMT: fp16 on CPU, the ResiDual downscale, checkpoint
@@ -18,10 +18,10 @@ import torch
 from . import recipe_fixtures as fx
 from .helpers import REPO, TINY, run
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path[:0] = [str(REPO / "scripts" / "data"), str(REPO / "scripts" / "training")]
 
+import data_common
 import evaluate_recipe
-import recipe_common
 import train_recipe
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
@@ -62,7 +62,7 @@ def fairseq_reads(data: Path, src: str, tgt: str, splits=("train", "valid", "tes
 def test_clean_corpus_follows_clean_corpus_n():
     src = ["a b c", "a", "a b c d e f g", "x | y", "", "w  w"]
     tgt = ["A B C", "A B C D", "A", "X Y", "Z", "W W"]
-    kept = recipe_common.clean_corpus(src, tgt, 1, 6, 1.5)
+    kept = data_common.clean_corpus(src, tgt, 1, 6, 1.5)
     # ratio 4 and 7 > 1.5, an empty side and a 7-word side are dropped; '|' removed, spaces squeezed
     assert kept == (["a b c", "x y", "w w"], ["A B C", "X Y", "W W"])
 
@@ -71,13 +71,13 @@ def test_compound_splitting_and_non_printing_characters():
     split = evaluate_recipe.compound_split
     assert split("Mehr-Wert-Steuer a - b") == "Mehr ##AT##-##AT## Wert ##AT##-##AT## Steuer a - b"
     assert split("a-b-c") == "a ##AT##-##AT## b-c"  # non-overlapping matches, as perl's s{}{}g
-    assert recipe_common.remove_non_printing("a\u200bb\x07c") == "a b c"
+    assert data_common.remove_non_printing("a\u200bb\x07c") == "a b c"
 
 
 def test_segments_are_read_as_fairseq_greps_them(tmp_path):
     path = tmp_path / "t.sgm"
     path.write_text('<doc>\n<seg id="1"> Hello  world </seg>\n<seg id="2">x</seg>\n</doc>\n', encoding="utf-8")
-    assert recipe_common.read_segments(path) == ["Hello  world", "x"]
+    assert data_common.read_segments(path) == ["Hello  world", "x"]
 
 
 def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
@@ -86,7 +86,7 @@ def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
         raise RuntimeError("interrupted")
 
     with pytest.raises(RuntimeError):
-        recipe_common.step("t", "step", tmp_path / "out", build)
+        data_common.step("t", "step", tmp_path / "out", build)
     assert list(tmp_path.iterdir()) == []
 
 

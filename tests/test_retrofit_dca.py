@@ -1,4 +1,4 @@
-"""scripts/retrofit_dca.py (the paper's table 4, retrofitting): a Pre-LN checkpoint becomes a DCA checkpoint
+"""scripts/training/retrofit_dca.py (the paper's table 4, retrofitting): a Pre-LN checkpoint becomes a DCA checkpoint
 whose fairseq-generate output is the same, training continues from it, and bad inputs are refused clearly."""
 
 import fractions
@@ -14,7 +14,7 @@ from fairseq_plugins.models.dca_transformer import DCATransformerModel
 
 from .helpers import REPO, generate_command, hypotheses, run, train_command, train_log
 
-SCRIPT = REPO / "scripts" / "retrofit_dca.py"
+SCRIPT = REPO / "scripts" / "training" / "retrofit_dca.py"
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "3"]
 
 

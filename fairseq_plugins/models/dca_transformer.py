@@ -24,7 +24,7 @@ Interpretations of figure 4 for this setting:
 - The GRN-vX modes (table 7's ablation) use one GRN-vX per layer for queries, keys and values alike.
 
 With b = 1 and w = 0 every GRN returns G_t 1 and the model computes exactly the Pre-LN transformer
-(``transformer_preln_*``) with the same weights; scripts/retrofit_dca.py relies on it.
+(``transformer_preln_*``) with the same weights; scripts/training/retrofit_dca.py relies on it.
 
 Incremental decoding: a stack is per position, so it is rebuilt from the current position's embedding at
 every step and never cached; beam search caches only attention's keys and values, as for the baseline.

@@ -3,7 +3,7 @@
 A family (a model plus its fixed settings) is crossed with every width and depth below, so
 ``register_family("residual", "residual_transformer", residual_base_architecture)`` registers
 ``residual_e6d6`` ... ``residual_e36d6`` and ``residual_iwslt_e6d6`` ... ``residual_iwslt_e36d6``.
-``scripts/param_table.py`` prints the table with the parameter count of each built model.
+``scripts/analysis/param_table.py`` prints the table with the parameter count of each built model.
 
 Presets fix only the shape (depth, width, heads) and the family's own switches, and only as defaults:
 anything given on the command line wins, as with fairseq's own architectures. Training hyper-parameters

@@ -20,7 +20,7 @@ the weights-only allow-list; weights-only loading stays on). It may be a fairseq
 embedding or of the newest output above the mean median of the intermediate positions, and how many
 intermediate medians are negative.
 
-    python scripts/grn_weights.py checkpoints/dca_iwslt_e6d6/checkpoint_best.pt --out docs/grn_weights
+    python scripts/analysis/grn_weights.py checkpoints/dca_iwslt_e6d6/checkpoint_best.pt --out docs/grn_weights
 """
 
 import argparse

@@ -2,9 +2,9 @@
 """Hold every plugin family against fairseq's own transformer: training and decoding speed, peak memory,
 parameters and model FLOPs utilisation, at matched depth and width, measured in one process.
 
-    python scripts/benchmark.py                                  # every family, E6D6 E12D12 E18D18 E36D6
-    python scripts/benchmark.py --family residual --depth e18d18 --rounds 3 --threads 1
-    python scripts/benchmark.py --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
+    python scripts/benchmark/benchmark.py                                  # every family, E6D6 E12D12 E18D18 E36D6
+    python scripts/benchmark/benchmark.py --family residual --depth e18d18 --rounds 3 --threads 1
+    python scripts/benchmark/benchmark.py --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
 
 For every depth, the matched baseline ``transformer_preln_{width}{depth}`` (fairseq's ``transformer`` with
 Pre-LN, no plugin code) and every family at the same depth and width are built side by side, warmed up,
@@ -92,7 +92,7 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)  # fairseq logs at import
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "fairseq_plugins"
 
 from fairseq import options, tasks
@@ -938,7 +938,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as err:
         parser.error(str(err))
     report["machine"]["cpu"] = _cpu_name()
-    report["command"] = "python scripts/benchmark.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["command"] = "python scripts/benchmark/benchmark.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report["seconds"] = time.time() - start
     text = markdown(report)
     print(text)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """The main job (recipes/main_job.sh): ResiDual against its Pre-LN baseline on Multi30k De->En, at CPU scale.
 
-1. prepare Multi30k (joint SentencePiece 8k) with scripts/prepare_multi30k.py;
-2. train every architecture of ``--archs`` with scripts/train_recipe.py on the same data, seed, batch and
+1. prepare Multi30k (joint SentencePiece 8k) with scripts/data/prepare_multi30k.py;
+2. train every architecture of ``--archs`` with scripts/training/train_recipe.py on the same data, seed, batch and
    time budget; by default both at once, one CPU thread each (small models run faster on one thread, and
    two cores then train two models in the time of one);
-3. evaluate each on test_2016_flickr with scripts/evaluate_recipe.py (beam 5, sacrebleu);
+3. evaluate each on test_2016_flickr with scripts/training/evaluate_recipe.py (beam 5, sacrebleu);
 4. print a comparison table (BLEU, chrF, parameters, updates, training time) and write it to
    ``OUT_DIR/results.md`` and ``OUT_DIR/results.json``.
 
@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from recipe_common import REPO, RecipeError, log, run_main, write_json
+from training_common import REPO, RecipeError, log, run_main, write_json
 
 TAG = "main"
 SCRIPTS = Path(__file__).resolve().parent
@@ -166,7 +166,7 @@ def main(argv=None):
              f"output in {out}")  # fmt: skip
 
     log(TAG, "step 1/3: data")
-    prepare = [sys.executable, SCRIPTS / "prepare_multi30k.py", "--src", args.src, "--tgt", args.tgt,
+    prepare = [sys.executable, SCRIPTS.parent / "data" / "prepare_multi30k.py", "--src", args.src, "--tgt", args.tgt,
                "--work-dir", out / "data" / name, "--dest-dir", data, "--train-lines", str(args.train_lines),
                "--vocab-size", str(args.vocab_size)]  # fmt: skip
     prepare += ["--raw-dir", args.raw_dir] if args.raw_dir else []

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Train a named architecture on a prepared dataset with the papers' hyper-parameters (recipes/train.sh).
 
-    python scripts/train_recipe.py residual_iwslt_e12d12 iwslt14_en_de
-    python scripts/train_recipe.py --gpus 8 crossformer_sg_e6d6 wmt14_en_de -- --keep-last-epochs 2
+    python scripts/training/train_recipe.py residual_iwslt_e12d12 iwslt14_en_de
+    python scripts/training/train_recipe.py --gpus 8 crossformer_sg_e6d6 wmt14_en_de -- --keep-last-epochs 2
 
 Where the numbers come from (``--hparams``, by default chosen by the architecture's family):
 
@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from recipe_common import (
+from training_common import (
     MANIFEST,
     PLUGIN_DIR,
     REPO,
@@ -106,7 +106,6 @@ def registered_architectures() -> dict[str, str]:
     """{arch: model} of every architecture fairseq knows once the plugin is imported."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    sys.path.insert(0, str(REPO))
     import fairseq_plugins  # noqa: F401  (registers the plugin's architectures)
 
     return dict(ARCH_MODEL_NAME_REGISTRY)
@@ -290,7 +289,7 @@ def main(argv=None):
 
 
 def average_last(save_dir: Path, n: int) -> str | None:
-    """Average the last ``n`` update checkpoints into checkpoint_avgN.pt (scripts/average_checkpoints.py)."""
+    """Average the last ``n`` update checkpoints into checkpoint_avgN.pt (scripts/training/average_checkpoints.py)."""
     found = sorted(save_dir.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     if len(found) < n:
         log(TAG, f"only {len(found)} update checkpoints, fewer than {n}: no average")

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Average the parameters of several fairseq checkpoints into one (fairseq's scripts/average_checkpoints.py,
+"""Average the parameters of several fairseq checkpoints into one (fairseq's scripts/training/average_checkpoints.py,
 which the fairseq wheel does not install).
 
-    python scripts/average_checkpoints.py --inputs checkpoints/wmt14_en_de/ARCH --num-update-checkpoints 5 \
+    python scripts/training/average_checkpoints.py --inputs checkpoints/wmt14_en_de/ARCH --num-update-checkpoints 5 \
         --output checkpoints/wmt14_en_de/ARCH/checkpoint_avg5.pt
-    python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    python scripts/training/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are read with torch's default weights-only loading: importing ``fairseq_plugins`` first allows
 exactly the types fairseq checkpoints hold (fairseq_plugins/checkpoint_safety.py), nothing else. The output
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fairseq_plugins  # noqa: F401  (allow-lists fairseq's checkpoint types for weights-only loading)
 

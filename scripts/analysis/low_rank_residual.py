@@ -25,8 +25,8 @@ Choices the paper leaves open:
   non-finite or grows 1e6-fold counts as diverged. The same seed gives every model the same layer weights
   and the same batches.
 
-    python scripts/low_rank_residual.py --out docs/low_rank_residual
-    python scripts/low_rank_residual.py --dim 20 --layers 4 --rank 1 --steps 200 --lr 0.03 --out /tmp/small
+    python scripts/analysis/low_rank_residual.py --out docs/low_rank_residual
+    python scripts/analysis/low_rank_residual.py --dim 20 --layers 4 --rank 1 --steps 200 --lr 0.03 --out /tmp/small
 """
 
 import argparse

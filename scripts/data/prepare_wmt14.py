@@ -12,8 +12,8 @@ examples/translation/prepare-wmt14en2de.sh (--icml17) and prepare-wmt14en2fr.sh 
   multi-year average of ResiDual tables 6-7 (``--years``); the SGM files come from the archives sacrebleu
   knows, with sacrebleu's published md5 sums.
 
-    python scripts/prepare_wmt14.py --src en --tgt de                      # downloads (about 1.5 GB)
-    python scripts/prepare_wmt14.py --src en --tgt fr --raw-dir DIR        # DIR holds the unpacked archives
+    python scripts/data/prepare_wmt14.py --src en --tgt de                      # downloads (about 1.5 GB)
+    python scripts/data/prepare_wmt14.py --src en --tgt fr --raw-dir DIR        # DIR holds the unpacked archives
 
 Intermediate files are shared by both directions of a pair (``work_dirs/data/wmt14_en_de``); the binarized
 direction goes to ``data-bin/wmt14_SRC_TGT`` with the raw references for sacrebleu and ``recipe.json``.
@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipe_common import (
+from data_common import (
     REPO,
     ApplyBPE,
     MosesTokenize,

@@ -19,13 +19,13 @@ Inputs:
   where only "arch" (or "run") is required. Keys are matched case-insensitively ("BLEU", "chrF"), a score
   may be sacrebleu's JSON object ({"name": "BLEU", "score": 35.1, ...}), and the recipes' own outputs are
   read as they are: recipes/main_job.sh's ``results.json`` (its "models" list; "parameters", "num_updates",
-  "valid_loss" are understood) and scripts/evaluate_recipe.py's ``results.json`` (the scores of its one
+  "valid_loss" are understood) and scripts/training/evaluate_recipe.py's ``results.json`` (the scores of its one
   average, else of its one test set, else the mean over its test sets; the architecture and training facts
   from the checkpoint's save directory and the ``train_summary.json`` train_recipe.py writes there).
   Records are matched to logs by run name; the last record of a run wins; a log's measurements win over a
   record's. "best valid loss" is the best of the log's validation losses, or the recipes' last one.
 
-    python scripts/compare.py --log checkpoints/residual_iwslt_e6d6/train.log --eval results.json --out cmp
+    python scripts/analysis/compare.py --log checkpoints/residual_iwslt_e6d6/train.log --eval results.json --out cmp
 """
 
 import argparse
@@ -42,7 +42,7 @@ LAYERS = re.compile(r"""\b(encoder|decoder)_layers['"]?\s*[=:]\s*(\d+)""")
 PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
 SCORES = ("bleu", "chrf")
-# the recipes' key -> this schema's key (scripts/train_recipe.py's train_summary.json, main_job's results.json)
+# the recipes' key -> this schema's key (scripts/training/train_recipe.py's train_summary.json, main_job's results.json)
 ALIASES = {"parameters": "params", "num_updates": "updates", "valid_loss": "last_valid_loss"}
 
 
@@ -141,7 +141,7 @@ def load_evals(path: Path) -> list[dict]:
 def normalize_record(record: dict, path: Path, where: str) -> dict:
     """Lower-case keys, the recipes' names mapped to the schema's, scores as numbers."""
     record = {k.lower(): v for k, v in record.items()}
-    if isinstance(record.get("tests"), dict):  # scripts/evaluate_recipe.py's results.json
+    if isinstance(record.get("tests"), dict):  # scripts/training/evaluate_recipe.py's results.json
         record = {**_from_evaluate_recipe(record), **{k: v for k, v in record.items() if k in ("arch", "run")}}
     for alias, key in ALIASES.items():
         if record.get(key) is None and record.get(alias) is not None:

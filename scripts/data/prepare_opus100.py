@@ -11,8 +11,8 @@ test set (2,000 sentences per pair and direction) is kept whole, in one binarize
 ``recipe.json``, so the evaluation recipe reports each direction and the EX (en->xx), XE (xx->en) and ALL
 averages of ResiDual table 4.
 
-    python scripts/prepare_opus100.py                                  # downloads the corpus (about 2.5 GB)
-    python scripts/prepare_opus100.py --raw-dir DIR --langs de,fr,zh   # DIR holds opus-100-corpus/
+    python scripts/data/prepare_opus100.py                                  # downloads the corpus (about 2.5 GB)
+    python scripts/data/prepare_opus100.py --raw-dir DIR --langs de,fr,zh   # DIR holds opus-100-corpus/
 """
 
 import argparse
@@ -20,7 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
-from recipe_common import (
+from data_common import (
     REPO,
     Pipeline,
     Prefix,

@@ -1,0 +1,434 @@
+"""Shared pieces of the data preparation scripts (scripts/data/prepare_*.py, run by recipes/prepare_*.sh).
+
+What every preparation step relies on:
+
+- inputs (downloaded or given as a local directory) are verified before anything is written: expected
+  files, gzip/tar integrity, equal line counts of parallel files, the published line counts, checksums
+  where they are published;
+- each step builds its output under a temporary name (recipe_common.atomic_path) and is skipped when the
+  recipe runs again and its output exists;
+- a work directory remembers the settings it was built with and refuses to be reused with others.
+
+Moses tokenisation and punctuation normalisation come from sacremoses, BPE from subword-nmt, SentencePiece
+from sentencepiece: no Perl and no cloned repositories.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for recipe_common
+
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import tarfile
+import time
+import unicodedata
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from recipe_common import (  # noqa: F401  (re-exported: the data scripts import everything from here)
+    MANIFEST,
+    REPO,
+    RecipeError,
+    atomic_path,
+    count_lines,
+    fairseq_module,
+    log,
+    open_text,
+    read_lines,
+    read_manifest,
+    run_command,
+    run_main,
+    write_json,
+    write_lines,
+    write_manifest,
+)
+
+
+def step(tag: str, name: str, output: Path, build: Callable[[Path], None]) -> Path:
+    """Build ``output`` (a directory) with ``build(tmp_dir)`` unless it already exists."""
+    if output.exists():
+        log(tag, f"{name}: done already ({output})")
+        return output
+    log(tag, f"{name} ...")
+    start = time.monotonic()
+    with atomic_path(output) as tmp:
+        tmp.mkdir(parents=True)
+        build(tmp)
+    log(tag, f"{name}: done in {time.monotonic() - start:.0f}s -> {output}")
+    return output
+
+
+def check_settings(work_dir: Path, settings: dict, steps: Sequence[str]) -> None:
+    """Refuse to reuse a work directory whose finished ``steps`` were built with other settings (they would
+    be skipped as done); with no step finished yet, the new settings replace the old ones."""
+    path = work_dir / "settings.json"
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        done = [name for name in steps if (work_dir / name).exists()]
+        if old != settings and done:
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            raise RecipeError(
+                f"{work_dir} was prepared with other settings ({', '.join(diff)}: "
+                f"{[old.get(k) for k in diff]} there, {[settings.get(k) for k in diff]} now); "
+                "remove it or choose another WORK_DIR"
+            )
+    write_json(path, settings)
+
+
+def check_output(dest: Path, settings: dict) -> None:
+    """An existing output directory is only reused if its recipe.json records the same settings."""
+    if (dest / MANIFEST).is_file():
+        old = json.loads((dest / MANIFEST).read_text(encoding="utf-8")).get("settings")
+        if old != settings:
+            raise RecipeError(f"{dest} was built with other settings ({old} there, {settings} now); "
+                              "remove it or choose another DEST_DIR")  # fmt: skip
+
+
+def require_dir(path: Path | None, variable: str) -> Path:
+    if path is None or not path.is_dir():
+        raise RecipeError(f"{variable}={path}: no such directory")
+    return path
+
+
+def find_file(root: Path, name: str, variable: str) -> Path:
+    """The one file called ``name`` anywhere under ``root`` (downloads nest differently per mirror)."""
+    direct = root / name
+    if direct.is_file():
+        return direct
+    matches = sorted(p for p in root.rglob(Path(name).name) if p.is_file() and str(p).endswith(name))
+    if not matches:
+        raise RecipeError(f"{variable}={root}: missing file {name}")
+    if len(matches) > 1:
+        raise RecipeError(f"{variable}={root}: {name} found more than once: {', '.join(map(str, matches))}")
+    return matches[0]
+
+
+def check_parallel(pairs: dict[str, tuple[Path, Path]], expected: dict[str, int] | None = None) -> dict[str, int]:
+    """Line counts of parallel files: both sides equal, non-empty and (if given) the published count."""
+    counts = {}
+    for name, (a, b) in pairs.items():
+        na, nb = count_lines(a), count_lines(b)
+        if na != nb:
+            raise RecipeError(f"{name}: {a} has {na} lines but {b} has {nb}: truncated or mismatched files")
+        if na == 0:
+            raise RecipeError(f"{name}: {a} is empty")
+        want = (expected or {}).get(name)
+        if want is not None and na != want:
+            raise RecipeError(
+                f"{name}: {a} has {na} lines, the published corpus has {want}: truncated or another release "
+                "(VERIFY_COUNTS=0 accepts other line counts)"
+            )
+        counts[name] = na
+    return counts
+
+
+# ------------------------------------------------------------------------------------------- downloads
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(tag: str, url: str, dest: Path, md5: str | None = None) -> Path:
+    """Download ``url`` to ``dest`` (via ``dest.part``), checking the announced size and the md5 if known.
+
+    An existing ``dest`` is only reused after the same md5 check.
+    """
+    if dest.exists():
+        if md5 and file_digest(dest, "md5") != md5:
+            raise RecipeError(f"{dest}: md5 differs from the published {md5}; delete it to download again")
+        return dest
+    log(tag, f"downloading {url}")
+    with atomic_path(dest) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+                total = int(response.headers.get("Content-Length") or 0)
+                done, last = 0, time.monotonic()
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    out.write(block)
+                    done += len(block)
+                    if time.monotonic() - last > 30:
+                        last = time.monotonic()
+                        share = f" ({100 * done / total:.0f}%)" if total else ""
+                        log(tag, f"  {dest.name}: {done / 2**20:.0f} MiB{share}")
+        except (urllib.error.URLError, OSError) as err:
+            raise RecipeError(
+                f"download of {url} failed ({err}); download it by hand and pass the directory (RAW_DIR)"
+            ) from err
+        if total and done != total:
+            raise RecipeError(f"download of {url} is incomplete: {done} of {total} bytes")
+        if md5 and file_digest(tmp, "md5") != md5:
+            raise RecipeError(f"download of {url}: md5 differs from the published {md5}")
+    return dest
+
+
+def extract(tag: str, archive: Path, dest: Path) -> Path:
+    """Unpack a tar archive into ``dest``; a truncated or corrupt archive is a RecipeError."""
+    if dest.exists():
+        return dest
+    log(tag, f"extracting {archive.name}")
+    with atomic_path(dest) as tmp:
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+            raise RecipeError(f"{archive}: truncated or corrupt archive ({err}); delete it and retry") from err
+    return dest
+
+
+# --------------------------------------------------------------------------------------- text processing
+
+_WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+def parallel_map(function: Callable[[list[str]], list[str]], lines: Sequence[str], workers: int) -> list[str]:
+    """``function`` over chunks of ``lines`` in ``workers`` processes, order kept."""
+    if workers <= 1 or len(lines) < 20000:
+        return function(list(lines))
+    size = max(1000, len(lines) // (workers * 8))
+    chunks = [list(lines[i : i + size]) for i in range(0, len(lines), size)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return [line for part in pool.map(function, chunks) for line in part]
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk = []
+    for line in lines:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def map_file(function: Callable[[list[str]], list[str]], source: Path, dest: Path, workers: int,
+             chunk: int = 20000) -> int:  # fmt: skip
+    """Write ``function`` of ``source``'s lines to ``dest``, streamed in chunks (corpora of tens of millions of
+    lines do not fit in memory as lists), ``workers`` processes, order kept. Returns the line count."""
+    count = 0
+    with open_text(source) as fin, atomic_path(dest) as tmp, open(tmp, "w", encoding="utf-8") as fout:
+        if workers <= 1:
+            results: Iterable[list[str]] = map(function, _chunks(fin, chunk))
+            pool = None
+        else:
+            pool = multiprocessing.get_context("fork").Pool(workers)
+            results = pool.imap(function, _chunks(fin, chunk))
+        try:
+            for part in results:
+                fout.writelines(line + "\n" for line in part)
+                count += len(part)
+        finally:
+            if pool is not None:
+                pool.terminate()
+    return count
+
+
+def concatenate(sources: Sequence[Path], dest: Path) -> None:
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+        for source in sources:
+            with open(source, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+
+
+class Pipeline:
+    """Several line functions applied in turn, as one picklable function for map_file."""
+
+    def __init__(self, *functions: Callable[[list[str]], list[str]]):
+        self.functions = functions
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        for function in self.functions:
+            lines = function(lines)
+        return lines
+
+
+class Prefix:
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        return [self.prefix + line for line in lines]
+
+
+class MosesTokenize:
+    """sacremoses' port of tokenizer.perl; ``aggressive`` is the script's ``-a`` (hyphens become @-@)."""
+
+    def __init__(self, lang: str, aggressive: bool = False, lowercase: bool = False):
+        self.lang, self.aggressive, self.lowercase = lang, aggressive, lowercase
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        from sacremoses import MosesTokenizer
+
+        tok = MosesTokenizer(lang=self.lang)
+        out = [tok.tokenize(line, aggressive_dash_splits=self.aggressive, return_str=True, escape=True) for line in lines]
+        return [line.lower() for line in out] if self.lowercase else out
+
+
+class NormalizeForTraining:
+    """normalize-punctuation.perl then remove-non-printing-char.perl, as fairseq's WMT scripts run them."""
+
+    def __init__(self, lang: str):
+        self.lang = lang
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        from sacremoses import MosesPunctNormalizer
+
+        norm = MosesPunctNormalizer(lang=self.lang)
+        return [remove_non_printing(norm.normalize(line)) for line in lines]
+
+
+def remove_non_printing(line: str) -> str:
+    # remove-non-printing-char.perl: every \p{C} character (control, format, unassigned...) becomes a space
+    return "".join(" " if unicodedata.category(c).startswith("C") else c for c in line)
+
+
+def clean_corpus(
+    src: Sequence[str], tgt: Sequence[str], min_len: int, max_len: int, ratio: float
+) -> tuple[list[str], list[str]]:
+    """clean-corpus-n.perl: drop pairs with a side outside [min_len, max_len] words or a length ratio above
+    ``ratio``; like the script, remove '|' and squeeze whitespace in the kept lines."""
+    out_s, out_t = [], []
+    for s, t in zip(src, tgt, strict=True):
+        s = " ".join(s.replace("|", "").split())
+        t = " ".join(t.replace("|", "").split())
+        ns, nt = len(s.split(" ")) if s else 0, len(t.split(" ")) if t else 0
+        if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
+            continue
+        if ns / nt > ratio or nt / ns > ratio:
+            continue
+        out_s.append(s)
+        out_t.append(t)
+    return out_s, out_t
+
+
+def clean_files(src_in: Path, tgt_in: Path, src_out: Path, tgt_out: Path, min_len: int, max_len: int,
+                ratio: float) -> tuple[int, int]:  # fmt: skip
+    """clean_corpus over two files, streamed; returns (kept, read)."""
+    kept = read = 0
+    with open_text(src_in) as fs, open_text(tgt_in) as ft, atomic_path(src_out) as tmp_s, \
+            atomic_path(tgt_out) as tmp_t, open(tmp_s, "w", encoding="utf-8") as os_, \
+            open(tmp_t, "w", encoding="utf-8") as ot:  # fmt: skip
+        for chunk_s, chunk_t in zip(_chunks(fs, 100000), _chunks(ft, 100000), strict=True):
+            s, t = clean_corpus(chunk_s, chunk_t, min_len, max_len, ratio)
+            os_.writelines(line + "\n" for line in s)
+            ot.writelines(line + "\n" for line in t)
+            kept, read = kept + len(s), read + len(chunk_s)
+    return kept, read
+
+
+def learn_bpe(tag: str, inputs: Sequence[Path], num_symbols: int, codes: Path, workers: int = 1) -> None:
+    """Joint BPE with subword-nmt: learn_bpe.py -s num_symbols on the concatenation of ``inputs``."""
+    from subword_nmt.learn_bpe import learn_bpe as subword_learn_bpe
+
+    log(tag, f"learning {num_symbols} BPE merges on {', '.join(p.name for p in inputs)}")
+    text = codes.with_name(codes.name + ".input")
+    concatenate(inputs, text)
+    try:
+        with open(text, encoding="utf-8") as fin, open(codes, "w", encoding="utf-8") as fout:
+            subword_learn_bpe(fin, fout, num_symbols, num_workers=workers)
+    finally:
+        text.unlink()
+
+
+class ApplyBPE:
+    def __init__(self, codes: Path):
+        self.codes = codes
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        from subword_nmt.apply_bpe import BPE
+
+        with open(self.codes, encoding="utf-8") as f:
+            bpe = BPE(f)
+        return [bpe.process_line(line) for line in lines]
+
+
+def train_sentencepiece(
+    tag: str, inputs: Sequence[Path], model_prefix: Path, vocab_size: int, user_symbols: Sequence[str] = (),
+    character_coverage: float = 1.0, input_sentence_size: int = 0,
+) -> Path:
+    """Train a SentencePiece unigram model on the lines of ``inputs``; returns the .model path.
+
+    ``input_sentence_size`` > 0 trains on a random sample of that many lines (large corpora)."""
+    import sentencepiece as spm
+
+    log(tag, f"training a {vocab_size}-piece SentencePiece model on {', '.join(p.name for p in inputs[:4])}"
+             f"{' ...' if len(inputs) > 4 else ''}")  # fmt: skip
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(str(p) for p in inputs), model_prefix=str(model_prefix), vocab_size=vocab_size,
+            character_coverage=character_coverage, model_type="unigram",
+            user_defined_symbols=list(user_symbols), input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True, minloglevel=2, num_threads=_WORKERS,
+            # fairseq's dictionary adds its own specials: keep SentencePiece's out of the vocabulary
+            bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+        )  # fmt: skip
+    except RuntimeError as err:
+        raise RecipeError(f"SentencePiece training failed: {err}") from err
+    return model_prefix.with_name(model_prefix.name + ".model")
+
+
+class SentencePieceEncode:
+    def __init__(self, model: Path):
+        self.model = model
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(self.model))
+        return [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
+
+
+def binarize(
+    tag: str, src: str, tgt: str, prefixes: dict[str, Path | list[Path]], dest: Path, workers: int = _WORKERS
+) -> None:
+    """fairseq-preprocess with one joined dictionary; ``prefixes`` maps train/valid/test to file prefixes
+    (``PREFIX.src`` and ``PREFIX.tgt`` exist). A list for test gives splits test, test1, test2..."""
+    args = ["--source-lang", src, "--target-lang", tgt, "--destdir", dest, "--joined-dictionary",
+            "--workers", str(workers)]  # fmt: skip
+    for split, prefix in prefixes.items():
+        value = ",".join(str(p) for p in prefix) if isinstance(prefix, list) else str(prefix)
+        args += [f"--{split}pref", value]
+    log(tag, f"binarizing with fairseq-preprocess -> {dest}")
+    run_command(tag, fairseq_module("preprocess") + args, quiet=True)
+
+
+def split_language_pair(pair: str, allowed: Sequence[str], variable: str) -> tuple[str, str]:
+    """'de-en' -> ('de', 'en'), checked against the allowed pairs; the message names the variable."""
+    if pair not in allowed:
+        raise RecipeError(f"{variable}={pair!r}: not a supported language pair; allowed: {', '.join(allowed)}")
+    src, tgt = pair.split("-")
+    return src, tgt
+
+
+def replace_curly_apostrophe(line: str) -> str:
+    # fairseq's prepare-*.sh run sed "s/’/'/g" on the XML/SGM test sets before tokenising
+    return line.replace("\u2019", "'")
+
+
+_SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
+
+
+def read_segments(path: Path) -> list[str]:
+    """The <seg> texts of an XML/SGM file (IWSLT .xml, WMT .sgm), as fairseq's prepare scripts grep them."""
+    segments = []
+    for line in read_lines(path):
+        if "<seg" in line:
+            match = _SEG.search(line)
+            if match is None:
+                raise RecipeError(f"{path}: malformed <seg> line: {line[:80]!r}")
+            segments.append(match.group(1))
+    if not segments:
+        raise RecipeError(f"{path}: no <seg> lines")
+    return segments
