@@ -3,11 +3,11 @@ dynamic, expansion rate n) in encoder and decoder. Equations, sources, init and 
 ``modules/hyper_connections.py``.
 
 The layers keep fairseq's Pre-LN sublayers (their modules and parameter names are the baseline's); each layer
-maps the n streams H `(n, seq_len, batch, embed_dim)` to new streams, one hyper-connection per sublayer. The
+maps the n streams H `(seq_len, batch, n, embed_dim)` to new streams, one hyper-connection per sublayer. The
 layer loop (layer_stack.py) carries H; the value it passes on as a layer's output (fairseq's ``inner_states``)
 is the read-out, the sum of the streams, whose final LayerNorm is the encoder or decoder output.
 
-Streams are an explicit leading dimension, not folded into the batch, so attention, its incremental cache and
+Streams are an explicit dimension next to the features, not folded into the batch, so attention, its incremental cache and
 beam search's reordering see the batch only. H is per position: incremental decoding rebuilds it from the
 current position's embedding at every step and caches only attention's keys and values.
 
@@ -49,7 +49,7 @@ class _HyperConnected:
 
 
 class HCEncoderLayer(_HyperConnected, TransformerEncoderLayerBase):
-    """fairseq's Pre-LN encoder layer on n streams: `(n, seq_len, batch, embed_dim)` in and out."""
+    """fairseq's Pre-LN encoder layer on n streams: `(seq_len, batch, n, embed_dim)` in and out."""
 
     SITES = 2
 
@@ -130,7 +130,7 @@ class _HCStack:
         return first
 
     def begin_layers(self, x):
-        return x.unsqueeze(0).expand(self.hc_rate, *x.shape)
+        return x.unsqueeze(2).expand(x.size(0), x.size(1), self.hc_rate, x.size(2))
 
 
 class HCEncoder(_HCStack, LayerStackEncoder):
@@ -145,7 +145,7 @@ class HCEncoder(_HCStack, LayerStackEncoder):
 
     def run_layer(self, idx, layer, x, streams, padding_mask):
         streams = layer(streams, encoder_padding_mask=padding_mask)
-        return streams.sum(0), streams
+        return streams.sum(2), streams
 
 
 class HCDecoder(_HCStack, LayerStackDecoder):
@@ -165,7 +165,7 @@ class HCDecoder(_HCStack, LayerStackDecoder):
             streams, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
             self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
         )  # fmt: skip
-        return streams.sum(0), streams, attn
+        return streams.sum(2), streams, attn
 
 
 def check_hc_args(args) -> None:

