@@ -125,10 +125,11 @@ def hyper_connection_reference(hc, streams, branch):
     if hc.dynamic:
         for s in range(n):
             normed = layer_norm(streams[s], hc.norm)
-            gate = torch.tanh(normed @ hc.dynamic_alpha)[..., None, :]  # (T, B, 1, n + 1)
-            a_m[s] = a_m[s] + hc.alpha_scale * gate[..., 0]
-            a_r[s] = [a_r[s][j] + hc.alpha_scale * gate[..., 1 + j] for j in range(n)]
-            b[s] = b[s] + hc.beta_scale * torch.tanh(normed @ hc.dynamic_beta)[..., None]
+            w_m, w_r, w_b = hc.dynamic_weight[:, 0], hc.dynamic_weight[:, 1 : n + 1], hc.dynamic_weight[:, n + 1]
+            a_m[s] = a_m[s] + hc.alpha_scale * torch.tanh(normed @ w_m)[..., None]
+            gate_r = torch.tanh(normed @ w_r)[..., None, :]  # (T, B, 1, n)
+            a_r[s] = [a_r[s][j] + hc.alpha_scale * gate_r[..., j] for j in range(n)]
+            b[s] = b[s] + hc.beta_scale * torch.tanh(normed @ w_b)[..., None]
     out = branch(sum(a_m[s] * streams[s] for s in range(n)))
     return [b[j] * out + sum(a_r[s][j] * streams[s] for s in range(n)) for j in range(n)]
 
@@ -236,7 +237,7 @@ def test_initial_values_follow_the_papers():
         a_m = torch.zeros(3)
         a_m[k % 3] = 1
         torch.testing.assert_close(site.static_alpha.detach(), torch.cat([a_m[:, None], torch.eye(3)], 1))
-        assert site.static_beta.tolist() == [1.0] * 3 and not site.dynamic_alpha.any() and not site.dynamic_beta.any()
+        assert site.static_beta.tolist() == [1.0] * 3 and not site.dynamic_weight.any()
         assert site.alpha_scale.item() == pytest.approx(0.01) and site.beta_scale.item() == pytest.approx(0.01)
 
 

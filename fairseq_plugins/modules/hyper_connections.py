@@ -19,8 +19,9 @@ Initialisation (paper): B = 1, A_m = e_{k mod n}, A_r = I_n, W = 0, s_a = s_b = 
 initialisation every stream therefore equals the Pre-LN stream h (h_in = h, H_new[j] = h + T(h)), the read-out
 is n h, and the final LayerNorm gives the Pre-LN output up to its epsilon.
 
-Choices: each site has its own LayerNorm for Hbar (weight 1, bias 0); W_m and W_r are stored as one
-(d, n + 1) matrix, A_m and A_r as one n x (n + 1) matrix (column 0 = A_m), as in the paper's code. The site
+Choices: each site has its own LayerNorm for Hbar (weight 1, bias 0); W_m, W_r and W_b are stored as one
+(d, n + 2) matrix (one product per site), A_m and A_r as one n x (n + 1) matrix (column 0 = A_m), as in the
+paper's code. The site
 index k counts sublayers through the stack (encoder: 2 per layer; decoder: 3, self-attention, cross-attention,
 FFN); the decoder's cross-attention reads the encoder output (the sum of its streams after the final LN) as
 keys and values. Both are our reading for an encoder-decoder; the paper's models are decoder-only.
@@ -54,8 +55,7 @@ class HyperConnection(nn.Module):
         self.static_beta = nn.Parameter(torch.ones(rate))  # B
         if dynamic:
             self.norm = LayerNorm(embed_dim, export=export)
-            self.dynamic_alpha = nn.Parameter(torch.zeros(embed_dim, rate + 1))  # [W_m | W_r]
-            self.dynamic_beta = nn.Parameter(torch.zeros(embed_dim))  # W_b
+            self.dynamic_weight = nn.Parameter(torch.zeros(embed_dim, rate + 2))  # [W_m | W_r | W_b]
             self.alpha_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))  # s_a
             self.beta_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))  # s_b
 
@@ -68,10 +68,9 @@ class HyperConnection(nn.Module):
         alpha = self.static_alpha.to(streams.dtype)  # (n, n + 1): [A_m | A_r]
         beta = self.static_beta.to(streams.dtype).unsqueeze(-1)  # (n, 1): B
         if self.dynamic:
-            weight = torch.cat([self.dynamic_alpha, self.dynamic_beta.unsqueeze(-1)], 1).to(streams.dtype)
-            gates = torch.tanh(self.norm(flat) @ weight)  # (tokens, n, n + 2)
-            alpha = alpha + self.alpha_scale.to(streams.dtype) * gates[..., :-1]
-            beta = beta + self.beta_scale.to(streams.dtype) * gates[..., -1:]
+            gates = torch.tanh(self.norm(flat) @ self.dynamic_weight.to(streams.dtype))  # (tokens, n, n + 2)
+            alpha = torch.addcmul(alpha, self.alpha_scale.to(streams.dtype), gates[..., :-1])
+            beta = torch.addcmul(beta, self.beta_scale.to(streams.dtype), gates[..., -1:])
         # (tokens, n + 1, d): h_in, then H'. One small product per token (bmm; a static alpha is broadcast by
         # expand, which bmm reads without a copy: 2x faster on CPU than matmul's fold into one skinny GEMM)
         mixed = torch.bmm(alpha.transpose(-1, -2).expand(flat.size(0), n + 1, n), flat)
