@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     depth_aggregation_transformer,
     hc_transformer,
     laurel_transformer,
+    norm_baselines,
     residual_transformer,
 )
 from .presets import DEPTHS, PRESETS, WIDTHS  # noqa: F401
