@@ -5,6 +5,9 @@ from . import (  # noqa: F401
     baselines,
     crossformer,
     dca_transformer,
+    depth_aggregation_transformer,
+    hc_transformer,
+    laurel_transformer,
     norm_baselines,
     residual_transformer,
 )
