@@ -26,7 +26,8 @@ from ..modules import admin, normformer
 from ..modules import residual_wiring as rw
 from ..validation import PluginOptionError, argparse_type, check_bool, check_choice
 from .baselines import POST_LN, PRE_LN
-from .layer_stack import wrap_layer
+from .layer_pruning import check_layers_to_keep
+from .layer_stack import TorchScriptUnsupportedError, wrap_layer
 from .presets import register_family
 
 
@@ -66,8 +67,28 @@ def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
 
 
 class _WiredModel(TransformerModel):
-    """fairseq's transformer with family-specific layers and an optional init pass after building."""
+    """fairseq's transformer with family-specific layers and an optional init pass after building.
 
+    Layer pruning: fairseq's, as is, where a layer's forward reads nothing from the stack's depth (the
+    depth-scaled inits of T-Fixup and B2T only set the starting weights, which a loaded checkpoint replaces;
+    Admin's omegas are per-layer weights and buffers, so they follow their layer). DeepNet refuses it.
+    TorchScript: the families whose layers record the residual sites (``SiteResidual``: B2T, Admin, the
+    paper's NormFormer) use ``try``/``finally``, ``super()`` and ``**kwargs`` in ``forward``; making them
+    scriptable means copying fairseq's layer forwards, so they refuse at once instead (``torchscript``).
+    """
+
+    torchscript = True  # False: torch.jit.script stops with TorchScriptUnsupportedError (class docstring)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module (also inside a SequenceGenerator) before compiling
+        if not self.torchscript:
+            raise TorchScriptUnsupportedError(
+                f"{type(self).__name__} cannot be exported with TorchScript (torch.jit.script): its layers record "
+                "the residual sites in forward with try/finally and **kwargs, which TorchScript cannot compile. "
+                "Translate with the eager model (fairseq-generate, fairseq-interactive, from_pretrained); see the "
+                "README, 'Layer pruning and TorchScript'"
+            )
+        return self
 
     @classmethod
     def architecture(cls, args) -> None:
@@ -93,9 +114,15 @@ class _WiredModel(TransformerModel):
     def build_model(cls, args, task):
         cls.architecture(args)
         cls.check_args(args)
+        check_layers_to_keep(args)  # fairseq's list-vs-string and one-sided pruning bugs (layer_pruning.py)
         model = super().build_model(args, task)
+        model.torchscript = cls.scriptable(args)
         cls.initialize(model, args)
         return model
+
+    @classmethod
+    def scriptable(cls, args) -> bool:
+        return cls.torchscript
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -146,6 +173,15 @@ class DeepNetTransformerModel(_WiredModel):
     def check_args(cls, args):
         args.deepnet_init = check_choice("deepnet_init", args.deepnet_init, DEEPNET_INITS)
         require_layer_norm_position(args, "deepnet_transformer", pre_ln=False)
+        for side in ("encoder", "decoder"):
+            # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
+            # layers with the pruned depth's alpha, a model that was never trained
+            if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
+                raise PluginOptionError(
+                    f"--{side}-layers-to-keep cannot be used with deepnet_transformer: DeepNorm's alpha (the "
+                    "skip's weight in every layer's forward) is derived from the encoder and decoder depths, so "
+                    "the kept layers would run with another alpha than they were trained with"
+                )
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -250,6 +286,7 @@ class B2TTransformerModel(_WiredModel):
     """B2T connection (Takase et al. 2023): Post-LN plus the layer input added to the FFN's sum."""
 
     family = "b2t"
+    torchscript = False  # SiteResidual layers (_WiredModel)
 
     @classmethod
     def add_args(cls, parser):
@@ -308,6 +345,9 @@ NORMFORMER_HELP = {
 class NormFormerTransformerModel(_WiredModel):
     """NormFormer (arXiv:2110.09456): Pre-LN plus LN_a, head scale, LN_f and optional lambda."""
 
+    @classmethod
+    def scriptable(cls, args) -> bool:
+        return args.normformer_impl == "fairseq"  # the paper's encoder layer is a SiteResidual (_WiredModel)
 
     @classmethod
     def add_args(cls, parser):
@@ -364,6 +404,7 @@ def normformer_architecture(args):
 class AdminTransformerModel(_WiredModel):
     """Admin (arXiv:2004.08249): Post-LN with profiled omega; profiles itself on its first training batch."""
 
+    torchscript = False  # SiteResidual layers (_WiredModel)
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
