@@ -45,10 +45,10 @@ def trained(arch: str, shape=SHAPE):
     return model
 
 
-def pruned_from(state: dict, arch: str, encoder_keep: str, decoder_keep: str, extra=()):
+def pruned_from(state: dict, arch: str, encoder_keep: str, decoder_keep: str, extra=(), shape=SHAPE):
     """Build a pruned model from the command line (the list form fairseq-train parses) and load ``state``
     through fairseq's own path: upgrade_state_dict, prune_state_dict, strict load."""
-    args = parse_model_args(arch, [*SHAPE, *extra, "--encoder-layers-to-keep", encoder_keep,
+    args = parse_model_args(arch, [*shape, *extra, "--encoder-layers-to-keep", encoder_keep,
                                    "--decoder-layers-to-keep", decoder_keep])  # fmt: skip
     torch.manual_seed(1)
     model = type_of(arch).build_model(args, TASK).eval()
@@ -176,3 +176,43 @@ def test_parameters_keep_the_owners_order_and_names():
             expected.append(name)
     assert [name for name, _ in hg.named_parameters()] == expected
     assert "encoder.layers.1.self_attn.q_proj.weight" in expected and "encoder.layers.0.self_attn.k_proj.weight" not in expected
+
+
+def layer_state(layer: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in layer.state_dict().items()}
+
+
+@pytest.mark.parametrize("arch", ["tfixup_e6d6", "b2t_e6d6", "admin_e6d6", "normformer_e6d6"])
+def test_wiring_baselines_prune_like_fairseq_keeping_every_layers_state(arch):
+    # their forwards read nothing from the depth (T-Fixup's and B2T's depth-scaled inits only set the starting
+    # weights, which the checkpoint replaces); Admin's omegas (omega_init buffer, omega_delta) are per layer
+    full = trained(arch, SHAPE[:4])
+    if arch.startswith("admin"):  # as after profiling: every layer's omega_init its own
+        full.admin_profiled.fill_(True)
+        for layer in [*full.encoder.layers, *full.decoder.layers]:
+            layer.omega_init.normal_()
+    pruned, _ = pruned_from(saved_state(full), arch, "0,2,3", "1", shape=SHAPE[:4])
+    for side, keep in (("encoder", [0, 2, 3]), ("decoder", [1])):
+        assert len(getattr(pruned, side).layers) == len(keep)
+        for new, old in enumerate(keep):
+            got, want = layer_state(getattr(pruned, side).layers[new]), layer_state(getattr(full, side).layers[old])
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (side, old)
+    if arch.startswith("admin"):  # the loaded omegas are kept: no re-profiling on the pruned model's first batch
+        assert bool(pruned.admin_profiled) and any("omega_init" in k for k in layer_state(pruned.encoder.layers[0]))
+
+
+DEPTH_INDEXED = ["deepnet_e6d6", "denseformer_e6d6", "dlcl_e6d6", "laurel_rw_e6d6", "laurel_lr_e6d6", "laurel_pa_e6d6",
+                 "hc_static_e6d6", "hc_dynamic_e6d6"]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", DEPTH_INDEXED)
+def test_depth_dependent_families_refuse_pruning_in_training_and_as_a_load_time_override(arch):
+    # DeepNet: alpha, a forward constant, follows both depths; the depth-aggregation families own weights sized
+    # and indexed by a layer's position in the stack
+    match = "layers-to-keep cannot be used with"
+    with pytest.raises(PluginOptionError, match=f"--encoder-{match}"):
+        build_model(arch, ["--encoder-layers-to-keep", "0,2"], task=TASK)
+    args = parse_model_args(arch)
+    args.decoder_layers_to_keep = "1"  # as --model-overrides sets it on a saved checkpoint's args
+    with pytest.raises(PluginOptionError, match=f"--decoder-{match}"):
+        type_of(arch).build_model(args, TASK)
