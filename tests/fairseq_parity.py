@@ -22,7 +22,11 @@ CASES = ["beam", "sampling", "prefix", "diverse_beam", "constraints", "validate"
          "prune_train_generate"]  # fmt: skip
 # fairseq's failures, shown once on the control (each also fails for every family: the code is fairseq's)
 CONTROL_ONLY = ["sampling_topp", "diverse_beam_batches", "score_reference_interactive", "prune_load_encoder"]
-DCA_REFUSES = {"prune_load", "prune_train"}  # DCA's GRNs are sized by layer position: no pruning
+# families that refuse layer pruning (DCA's GRNs and DenseFormer's weights are sized by layer position, DeepNet's
+# alpha follows the depth), and those that also refuse fairseq's LayerDrop, which the training case uses
+REFUSES_PRUNING = ("dca", "deepnet", "denseformer")
+REFUSES_LAYERDROP = ("dca", "denseformer")
+PRUNING_CASES = {"prune_load", "prune_train"}
 TRAIN_PRUNING_BUG = (
     "fairseq 0.12.3: fairseq-train parses --encoder-layers-to-keep as List[int] (TransformerConfig) but "
     "TransformerModel.build_model calls .split(',') on it: AttributeError (the plugin's models accept both)"
@@ -42,7 +46,7 @@ FAIRSEQ_BUGS = {
 
 def cases_of(arch: str) -> list[str]:
     cases = CASES + (CONTROL_ONLY if arch == CONTROL else ["prune_load_encoder"] if "crossformer_hg" in arch else [])
-    return [c for c in cases if not (arch.startswith("dca") and c == "prune_train_generate")]
+    return [c for c in cases if not (arch.startswith(REFUSES_PRUNING) and c == "prune_train_generate")]
 
 
 def params(archs: list[str]):
@@ -89,8 +93,8 @@ def targets(stdout: str) -> dict[int, list[str]]:
 
 def check_case(outcomes, arch: str, case: str) -> None:
     outcome = outcomes(arch)[case]
-    if arch.startswith("dca") and case in DCA_REFUSES:
-        assert not outcome["ok"] and "cannot be used with dca_transformer" in outcome["error"], outcome
+    if arch.startswith(REFUSES_PRUNING) and case in PRUNING_CASES:
+        assert not outcome["ok"] and "layers-to-keep cannot be used with" in outcome["error"], outcome
         assert "PluginOptionError" in outcome["error"]
         return
     assert outcome["ok"], outcome["trace"]

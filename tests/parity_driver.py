@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .fairseq_parity import REFUSES_LAYERDROP
 from .helpers import PLUGIN_DIR, TINY, family_train_args
 
 SHAPE = ["--encoder-layers", "3", "--decoder-layers", "3"]
@@ -22,8 +23,8 @@ PRUNE = "{'encoder_layers_to_keep': '0,2', 'decoder_layers_to_keep': '1'}"
 
 
 def train_args(data: Path, save_dir: Path, arch: str, extra=()) -> list[str]:
-    # fairseq's test_transformer_layerdrop trains with LayerDrop before pruning; DCA refuses LayerDrop
-    layerdrop = [] if arch.startswith("dca") else ["--encoder-layerdrop", "0.01", "--decoder-layerdrop", "0.01"]
+    # fairseq's test_transformer_layerdrop trains with LayerDrop before pruning; DCA and DenseFormer refuse it
+    layerdrop = [] if arch.startswith(REFUSES_LAYERDROP) else ["--encoder-layerdrop", "0.01", "--decoder-layerdrop", "0.01"]
     return [
         str(data), "--user-dir", str(PLUGIN_DIR), "--arch", arch, *TINY, *SHAPE, "--cpu", "--seed", "1",
         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "2",
