@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# OPUS-100 (English-centric, both directions in one model) as in the ResiDual paper: joint SentencePiece
-# (64k), a <2xx> target-language token before each source sentence. Downloads about 2.5 GB.
+# OPUS-100 (English-centric, both directions in one model) as the ResiDual authors train it: joint SentencePiece
+# (64k), one shared dictionary, binarized per pair for fairseq's translation_multi_simple_epoch task (which adds
+# the target-language token and samples directions with temperature 5). Downloads about 2.5 GB.
 # Usage: bash recipes/prepare_opus100.sh [more options of scripts/data/prepare_opus100.py]
 # Environment (defaults in brackets):
 #   RAW_DIR              a local directory holding opus-100-corpus/: no download
-#   LANGS [all]          comma-separated non-English languages, e.g. de,fr,zh
-#   VOCAB_SIZE [64000]   VALID_LINES [200]  per pair and direction   WORKERS [8]   VERIFY_COUNTS [1]
+#   LANGS [all]          comma-separated non-English languages, e.g. de,fr,zh; all: the 94 pairs with dev and
+#                        test sets, 188 directions
+#   VOCAB_SIZE [64000]   VALID_LINES [200]  dev pairs per pair   WORKERS [8]   VERIFY_COUNTS [1]
 #   WORK_DIR [work_dirs/data/opus100]   DEST_DIR [data-bin/opus100]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -111,13 +111,18 @@ def make_wmt14(root: Path, pair: str = "en-de", years=(2010, 2011, 2012, 2013, 2
     return root
 
 
-def make_opus100(root: Path, langs=("de", "fr"), n_train: int = 40, n_dev: int = 6, n_test: int = 5) -> Path:
-    """``root/opus-100-corpus/v1.0/supervised/L1-L2/opus.L1-L2-{train,dev,test}.L`` (pairs sorted by name)."""
-    for k, lang in enumerate(langs):
+def make_opus100(root: Path, langs=("de", "fr"), n_train: int = 40, n_dev: int = 6, n_test: int = 5,
+                 train_only=()) -> Path:  # fmt: skip
+    """``root/opus-100-corpus/v1.0/supervised/L1-L2/opus.L1-L2-{train,dev,test}.L`` (pairs sorted by name).
+
+    ``train_only`` languages get a training set only, as an, dz, hy, mn and yo in the real corpus (their
+    text is the German side of the toy corpus)."""
+    for k, lang in enumerate((*langs, *train_only)):
         pair = "-".join(sorted((lang, "en")))
         d = root / "opus-100-corpus" / "v1.0" / "supervised" / pair
-        for split, n in (("train", n_train), ("dev", n_dev), ("test", n_test)):
+        splits = (("train", n_train),) if lang in train_only else (("train", n_train), ("dev", n_dev), ("test", n_test))
+        for split, n in splits:
             text = sentences(n, 40 + 3 * k + len(split))
             for side in (lang, "en"):
-                write_text(d / f"opus.{pair}-{split}.{side}", text[side])
+                write_text(d / f"opus.{pair}-{split}.{side}", text[side if side in LANGS else "de"])
     return root

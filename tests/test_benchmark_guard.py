@@ -96,5 +96,37 @@ def test_the_guard_bounds_are_far_below_the_targets():
 def test_only_throughput_misses_are_profiled():
     """--profile misses explains throughput misses; a memory ratio (one number, no rounds) is never profiled."""
     row = {"train_ratio": {"median": 0.5}, "decode_ratio": {"median": 0.99}, "memory_ratio": 2.0}
-    assert benchmark.missed_metrics("dca_k2", "e18d18", row) == ["train"]
-    assert benchmark.missed_metrics("dca_k2", "e6d6", row) == []  # its training target is at E18D18 only
+    assert benchmark.missed_metrics("dca", "e18d18", row) == ["train"]
+    assert benchmark.missed_metrics("dca", "e6d6", row) == []  # its training targets are at E12D12, E18D18 only
+
+
+def _ratio(median: float, low: float, high: float) -> dict:
+    return {"median": median, "min": low, "max": high, "cpu": median, "best": median}
+
+
+def test_target_table_has_a_verdict_and_mfu_per_target_of_issue_15():
+    """The targets of issue 15, item 1, each with a verdict; training targets carry both MFUs."""
+    wanted = {("dca_k2", "train", ">=", 0.95, None), ("dca_k2", "decode", ">=", 0.95, None),
+              ("dca_k2", "memory", "<=", 1.10, None), ("dca", "train", ">=", 0.90, "e12d12"),
+              ("dca", "train", ">=", 0.85, "e18d18"), ("dca", "decode", ">=", 0.90, None),
+              ("crossformer_hg", "memory", "<", 1.00, None)}  # fmt: skip
+    wanted |= {(f, m, ">=", 0.98, None) for f in ("crossformer_hg", "crossformer_sg", "residual") for m in ("train", "decode")}
+    have = {(t.family, t.metric, t.op, t.bound, t.depth) for t in benchmark.TARGETS}
+    assert wanted <= have
+    base = {"model_tflops_per_s": {"median": 0.050}}
+    row = {"train_ratio": _ratio(0.96, 0.93, 0.99), "decode_ratio": _ratio(0.90, 0.88, 0.92), "memory_ratio": 1.0,
+           "model_tflops_per_s": {"median": 0.048}}  # fmt: skip
+    results = [{"depth": "e18d18", "layers": [18, 18], "baseline": base, "families": {"dca_k2": row}}]
+    verdicts = {(v["target"].metric, v["depth"]): v for v in benchmark.check_targets(results)}
+    assert verdicts["train", "e18d18"]["pass"] and not verdicts["train", "e18d18"]["settled"]
+    assert not verdicts["decode", "e18d18"]["pass"] and verdicts["decode", "e18d18"]["settled"]
+    assert verdicts["memory", "e18d18"]["pass"]
+    assert verdicts["train", "e18d18"]["model_tflops_per_s"] == [0.048, 0.050]
+    report = {"machine": {"cpu": "x", "cpus": 2, "torch": "t", "matmul_peak_gflops": 100.0},
+              "settings": {"rounds": 3, "width": "256", "threads": 1, "train_batches": 2, "max_tokens": 1024,
+                           "beam": 5, "decode_sentences": 32, "decode_len": 16, "profile_repeats": 1},
+              "corpus": "c", "results": [], "not_benchmarked": {},
+              "targets": [dict(v, target=vars(v["target"])) for v in verdicts.values()]}  # fmt: skip
+    text = benchmark.markdown(report)
+    assert "| `dca_k2` train >= 0.95 | e18d18 | 0.96 | 48.0% (50.0%) | PASS (within spread) |" in text
+    assert "| `dca_k2` decode >= 0.95 | e18d18 | 0.90 | - | FAIL |" in text

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.models import PRESETS
 from fairseq_plugins.models.dca_transformer import initial_dca_state
@@ -28,6 +29,7 @@ from .helpers import (
 )
 
 MODES = ["dca", "grn-v1", "grn-v2", "grn-v3"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 DEPTH = ["--encoder-layers", "4", "--decoder-layers", "4"]  # k = 1 and 2 form a middle sum, k = 3 does not
 
 # ------------------------------------------------------------------ the paper's equations, directly, float64
@@ -268,6 +270,55 @@ def test_incremental_equals_full_decoding(mode, k):
     model = randomize_dca(build_model("dca_e6d6", [*DEPTH, "--dca-mode", mode, "--dca-k", k]))
     full, incremental = full_and_incremental_logits(model, *random_batch(model))
     torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [0, 2])
+def test_runs_on_the_device_of_its_inputs_without_host_round_trips(device, k, monkeypatch):
+    """The same code on any device (issue 15, item 3): stack buffer, GRN outputs and gradients live where the
+    inputs do, and neither the training nor the decoding path copies to the host (.cpu(), .numpy(), .item(),
+    .tolist() are banned while the model runs). Checked against the float64 equations on the CPU."""
+    model = randomize_dca(build_model("dca_e6d6", [*DEPTH, "--dca-k", str(k)])).double()
+    batch = random_batch(model, batch=3, src_len=6, tgt_len=5)
+    with torch.no_grad():
+        expected = reference_forward(model, batch[0], batch[2], k)
+    features, _ = model(*batch, features_only=True)
+    features.pow(2).sum().backward()
+    cpu_grads = {name: p.grad for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model = model.to(device)
+    src, lengths, prev = (t.to(device) for t in batch)
+
+    def banned(*args, **kwargs):
+        raise AssertionError("host round trip on the hot path")
+
+    for name in ("cpu", "numpy", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, banned)
+    features, _ = model(src, lengths, prev, features_only=True)  # the training path (autograd Functions)
+    features.pow(2).sum().backward()
+    full, incremental = full_and_incremental_logits(model, src, lengths, prev)  # the decoding path
+    monkeypatch.undo()
+    assert features.device.type == device == incremental.device.type
+    torch.testing.assert_close(features.cpu(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        if cpu_grads[name] is None:  # not used for the features (the output projection)
+            assert p.grad is None, name
+            continue
+        assert p.grad.device.type == device, name
+        torch.testing.assert_close(p.grad.cpu(), cpu_grads[name], rtol=1e-6, atol=1e-8, msg=name)
+
+
+def test_torchscript_export_is_refused_with_a_clear_error():
+    """fairseq's export test scripts the model and a SequenceGenerator (issue 17, item 2). DCA cannot be
+    scripted (autograd Functions, a variable number of stack chunks per layer, a Python DepthStack carried
+    through the layer loop): both say so, naming DCA and the reason, instead of TorchScript's
+    "Unknown type annotation: GRN"."""
+    model = build_model("dca_k2_e6d6", DEPTH)
+    for scriptable in (model, SequenceGenerator([model], model.decoder.dictionary, beam_size=2)):
+        with pytest.raises(RuntimeError, match=r"DeepCrossAttention .* cannot be compiled with torch.jit.script: "
+                           r"its GRNs and depth stack run hand-written torch.autograd.Function"):
+            torch.jit.script(scriptable)
 
 
 def test_training_step_in_half_precision_and_with_activation_checkpointing():

@@ -1,48 +1,77 @@
-"""fairseq's own distributed data parallel training, with 2 CPU processes on gloo (the launcher fairseq
-uses on GPUs counts CUDA devices, so each rank is started by hand with --distributed-no-spawn): for every
-family, the losses match a single-process run over the same total batch (--update-freq 2), which also
-shows that no gradient is lost or counted twice (tied weights, extra modules)."""
+"""fairseq's own distributed data parallel training, launched the way a cluster launches it: through
+the command scripts/training/train_recipe.py plans (in-process; one family end to end through recipes/train.sh),
+which starts 2 CPU processes with torchrun (scripts/training/fairseq_rank.py, gloo) exactly as it starts
+NUM_GPUS processes per node on GPUs. For every family, the losses match a
+single-process run of the same recipe over the same total batch (the recipe itself splits 1,000 tokens per
+update into 2 x 500 x update-freq 1 and 1 x 500 x update-freq 2), which also shows that no gradient is lost or
+counted twice (tied weights, extra modules)."""
 
-import os
-import subprocess
+import json
+import sys
 
 import pytest
 
 from fairseq_plugins.models import PRESETS
 
-from .helpers import REPO, family_train_args, free_port, run, train_command, train_log
+from .helpers import REPO, TINY, run, train_log
+
+sys.path[:0] = [str(REPO / "scripts" / "training")]
+
+import train_recipe
 
 # the plugin's families; the baselines are fairseq's own transformer, which the plugin does not touch
 FAMILIES = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS and p.model != "transformer"})
 UPDATES = 4
+FULL_RECIPE_FAMILY = "residual"
+# no dropout: each rank draws its own masks, so only a deterministic model can match exactly; a short
+# warm-up so that 4 updates move the weights; one JSON record per update
+PASSTHROUGH = [*TINY, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0", "--lr", "1e-3",
+               "--warmup-updates", "1", "--log-format", "json", "--log-interval", "1", "--no-progress-bar",
+               "--num-workers", "0"]  # fmt: skip
 
 
-def run_ranks(cmd, world_size=2):
-    port = free_port()
-    dist = ["--distributed-world-size", str(world_size), "--distributed-backend", "gloo",
-            "--distributed-no-spawn", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-            "--ddp-backend", "legacy_ddp"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [str(c) for c in [*cmd, *dist, "--distributed-rank", str(rank)]], cwd=REPO, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        for rank in range(world_size)
-    ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
-    return outputs[0]
+@pytest.fixture(scope="module")
+def recipe_data(corpus_bin, tmp_path_factory):
+    """The tiny corpus with the manifest the recipe reads (trained with the CPU-scale Multi30k set-up)."""
+    data = tmp_path_factory.mktemp("recipe_data")
+    for path in corpus_bin.iterdir():
+        (data / path.name).symlink_to(path)
+    manifest = {"dataset": "multi30k", "source_lang": "src", "target_lang": "tgt", "joined_dictionary": True}
+    (data / "recipe.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return data
+
+
+def plan(arch, data, save_dir, processes):
+    """The recipe's plan, in-process (its command is what recipes/train.sh runs)."""
+    args = train_recipe.parse_args([str(arch), str(data), "--save-dir", str(save_dir), "--gpus", "0",
+                                    "--cpu-procs", str(processes), "--tokens-per-update", "1000", "--max-tokens",
+                                    "500", "--max-update", str(UPDATES), "--", *PASSTHROUGH])  # fmt: skip
+    train_recipe.attach_save_dirs(args)
+    setup, why = train_recipe.choose_setup(args.hparams, arch)
+    return train_recipe.plan(args, arch, setup, why, env={})
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_two_process_ddp_matches_single_process(family, corpus_bin, tmp_path):
+def test_two_process_ddp_through_the_recipe_matches_single_process(family, recipe_data, tmp_path):
     arch = f"{family}_e6d6"
-    # no dropout: each rank draws its own masks, so only a deterministic model can match exactly
-    extra = ["--dropout", "0", "--max-tokens", "500", *family_train_args(arch)]
-    single = run(train_command(corpus_bin, tmp_path / "single", arch, UPDATES, [*extra, "--update-freq", "2"]))
-    ddp = run_ranks(train_command(corpus_bin, tmp_path / "ddp", arch, UPDATES, extra))
-    single_log, ddp_log = train_log(single.stdout), train_log(ddp)
+    single, ddp = plan(arch, recipe_data, tmp_path / "single", 1), plan(arch, recipe_data, tmp_path / "ddp", 2)
+    assert (single.launcher, single.max_tokens, single.update_freq) == ("single", 500, 2)
+    assert (ddp.launcher, ddp.max_tokens, ddp.update_freq) == ("torchrun", 500, 1)
+    assert single.tokens_per_update == ddp.tokens_per_update == 1000
+    assert "fairseq_rank.py" in " ".join(ddp.command) and "gloo" in ddp.command
+    single_out = run(single.command, timeout=300).stdout
+    if family == FULL_RECIPE_FAMILY:  # one family end to end through recipes/train.sh: same command, manifest
+        env = {"RECIPE_PYTHON": sys.executable, "NUM_GPUS": "0", "CPU_PROCS": "2", "TOKENS_PER_UPDATE": "1000",
+               "MAX_TOKENS": "500", "MAX_UPDATE": str(UPDATES), "SAVE_DIR": str(tmp_path / "ddp")}  # fmt: skip
+        ddp_out = run(["bash", REPO / "recipes" / "train.sh", arch, recipe_data, "--", *PASSTHROUGH], env=env,
+                      timeout=300).stdout  # fmt: skip
+        manifest = json.loads((tmp_path / "ddp" / "train_setup.json").read_text(encoding="utf-8"))
+        assert manifest["command"] == ddp.command and manifest["tokens_per_update"] == 1000
+        assert manifest["values"]["lr"]["source"].startswith("CPU-scale") and manifest["launcher"] == "torchrun"
+        assert json.loads((tmp_path / "ddp" / "train_summary.json").read_text())["num_updates"] == UPDATES
+    else:
+        ddp_out = run(ddp.command, timeout=300).stdout
+    single_log, ddp_log = train_log(single_out), train_log(ddp_out)
     assert [int(r["num_updates"]) for r in ddp_log] == list(range(1, UPDATES + 1))
     for a, b in zip(single_log, ddp_log, strict=True):
         assert a["wpb"] == b["wpb"], "the two runs must see the same total batch"

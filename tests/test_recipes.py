@@ -9,6 +9,8 @@ directory. ``RECIPE_TESTS=fast`` skips the slow tests (about 2 of the file's 3 m
 import gzip
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +24,6 @@ sys.path[:0] = [str(REPO / "scripts" / "data"), str(REPO / "scripts" / "training
 
 import data_common
 import evaluate_recipe
-import train_recipe
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
 # the fixtures' dev/test sets are smaller than fairseq's default batch multiple (8): keep every sentence
@@ -46,10 +47,10 @@ def fairseq_reads(data: Path, src: str, tgt: str, splits=("train", "valid", "tes
     """Sentences per split as fairseq's own loader reads the binarized files (both sides equal)."""
     from fairseq.data import Dictionary, data_utils
 
-    dictionary = Dictionary.load(str(data / f"dict.{src}.txt"))
     sizes = {}
     for split in splits:
-        n = {len(data_utils.load_indexed_dataset(str(data / f"{split}.{src}-{tgt}.{lang}"), dictionary))
+        n = {len(data_utils.load_indexed_dataset(str(data / f"{split}.{src}-{tgt}.{lang}"),
+                                                 Dictionary.load(str(data / f"dict.{lang}.txt"))))
              for lang in (src, tgt)}  # fmt: skip
         assert len(n) == 1, f"{split}: source and target differ in length"
         sizes[split] = n.pop()
@@ -67,6 +68,19 @@ def test_clean_corpus_follows_clean_corpus_n():
     assert kept == (["a b c", "x y", "w w"], ["A B C", "X Y", "W W"])
 
 
+def test_clean_corpus_keeps_the_bars_of_a_factored_corpus(tmp_path):
+    # clean-corpus-n.perl deletes '|' (Moses' factor separator) only when the FIRST pair has none
+    src, tgt = ["a|N b|V", "x | y"], ["A|N B|V", "X Y"]
+    assert data_common.clean_corpus(src, tgt, 1, 6, 9.0) == (["a|N b|V", "x | y"], ["A|N B|V", "X Y"])
+    plain = data_common.clean_corpus(["a b", *src], ["A B", *tgt], 1, 6, 9.0)
+    assert plain == (["a b", "aN bV", "x y"], ["A B", "AN BV", "X Y"])
+    # streamed in chunks, the first pair's decision holds for the whole file
+    for name, lines in (("s", ["a|b"] + ["c | d"] * 3), ("t", ["A"] * 4)):
+        fx.write_text(tmp_path / name, lines)
+    assert data_common.clean_files(tmp_path / "s", tmp_path / "t", tmp_path / "s2", tmp_path / "t2", 1, 9, 9.0) == (4, 4)
+    assert (tmp_path / "s2").read_text().splitlines() == ["a|b"] + ["c | d"] * 3
+
+
 def test_compound_splitting_and_non_printing_characters():
     split = evaluate_recipe.compound_split
     assert split("Mehr-Wert-Steuer a - b") == "Mehr ##AT##-##AT## Wert ##AT##-##AT## Steuer a - b"
@@ -74,10 +88,13 @@ def test_compound_splitting_and_non_printing_characters():
     assert data_common.remove_non_printing("a\u200bb\x07c") == "a b c"
 
 
-def test_segments_are_read_as_fairseq_greps_them(tmp_path):
+def test_segments_are_read_by_sacrebleus_sgm_reader(tmp_path):
     path = tmp_path / "t.sgm"
     path.write_text('<doc>\n<seg id="1"> Hello  world </seg>\n<seg id="2">x</seg>\n</doc>\n', encoding="utf-8")
-    assert data_common.read_segments(path) == ["Hello  world", "x"]
+    assert data_common.read_segments(path) == ["Hello world", "x"]  # sacrebleu squeezes whitespace
+    path.write_text("<doc>\n</doc>\n", encoding="utf-8")
+    with pytest.raises(data_common.RecipeError, match="no <seg> lines"):
+        data_common.read_segments(path)
 
 
 def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
@@ -90,72 +107,95 @@ def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_downloaded_wmt_test_sets_are_sacrebleus_own_files(tmp_path, monkeypatch):
+    import prepare_wmt14
+    from sacrebleu.dataset import DATASETS
+
+    dataset = DATASETS["wmt14/full"]
+    monkeypatch.setattr(dataset, "_outdir", str(tmp_path))  # sacrebleu's cache, filled as its download leaves it
+    for field in dataset.fieldnames("en-de"):
+        fx.write_text(Path(dataset._get_txt_file_path("en-de", field)), [field])
+    files = prepare_wmt14.sacrebleu_test_files(2014, "de")
+    assert {lang: path.read_text() for lang, path in files.items()} == {"en": "src\n", "de": "ref\n"}
+    assert prepare_wmt14.test_lines(files["en"]) == ["src"]
+
+
+def test_an_output_directory_is_reused_for_its_own_direction_only(tmp_path):
+    settings = {"corpus": "iwslt14", "bpe_merges": 10}
+    fx.write_text(tmp_path / "recipe.json", [json.dumps({"source_lang": "en", "target_lang": "de",
+                                                         "settings": settings})])  # fmt: skip
+    # a directory written before directions were recorded: its manifest's languages tell
+    data_common.check_output(tmp_path, {**settings, "direction": "en-de", "joined_dictionary": True})
+    with pytest.raises(data_common.RecipeError, match="other settings.*DEST_DIR"):
+        data_common.check_output(tmp_path, {**settings, "direction": "de-en", "joined_dictionary": True})
+    with pytest.raises(data_common.RecipeError, match="other settings"):
+        data_common.check_output(tmp_path, {**settings, "direction": "en-de", "joined_dictionary": False})
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporaries_of_a_killed_run_are_removed_and_live_ones_kept(tmp_path):
+    work, dest = tmp_path / "work", tmp_path / "bin" / "wmt14_en_de"
+    dead, alive = dead_pid(), os.getpid()
+    stale = [work / f"tok.tmp-{dead}" / "train.de", work / "bpe" / f"code.tmp-{dead}", tmp_path / "bin" / f"wmt14_en_de.tmp-{dead}" / "x"]
+    kept = [work / f"bpe.tmp-{alive}" / "x", work / "keep.tmp-notapid", tmp_path / "bin" / f"other.tmp-{dead}"]
+    for path in stale + kept:
+        fx.write_text(path, ["x"])
+    removed = data_common.remove_stale_temporaries("t", work, dest)
+    assert sorted(p.name for p in removed) == sorted(["tok.tmp-" + str(dead), "code.tmp-" + str(dead), f"wmt14_en_de.tmp-{dead}"])
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in stale)
+
+
+def test_sigterm_stops_a_step_and_removes_its_temporary_output(tmp_path):
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(REPO / "scripts" / "data")!r})
+from pathlib import Path
+import data_common
+def build(tmp):
+    (tmp / "half").write_text("half")
+    print("building", flush=True)
+    time.sleep(60)
+data_common.start("t", Path({str(tmp_path / "work")!r}))
+data_common.run_main("t", lambda: data_common.step("t", "slow", Path({str(tmp_path / "work" / "out")!r}), build))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().endswith("slow ...\n") and proc.stdout.readline() == "building\n"
+    assert [p.name for p in (tmp_path / "work").iterdir()] == [f"out.tmp-{proc.pid}"]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "[t] interrupted" in err
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_averaged_checkpoint_keeps_the_models_dtype(tmp_path, dtype):
+    import average_checkpoints
+
+    paths = []
+    for k in range(3):
+        model = {"w": torch.full((2, 3), 0.1 * (k + 1), dtype=dtype), "steps": torch.tensor(k)}
+        paths.append(tmp_path / f"c{k}.pt")
+        torch.save({"model": model, "extra_state": {"k": k}}, paths[-1])
+    state = average_checkpoints.average(paths)
+    assert state["model"]["w"].dtype == dtype and state["extra_state"] == {"k": 0}
+    expected = torch.stack([torch.load(p)["model"]["w"].double() for p in paths]).mean(0).to(dtype)
+    assert torch.equal(state["model"]["w"], expected) and int(state["model"]["steps"]) == 0
+    other = torch.float32 if dtype == torch.float16 else torch.float16
+    torch.save({"model": {"w": torch.zeros(2, 3, dtype=other), "steps": torch.tensor(0)}}, tmp_path / "x.pt")
+    with pytest.raises(SystemExit, match="w \\(2, 3\\)"):
+        average_checkpoints.average([paths[0], tmp_path / "x.pt"])
+
+
 def manifest(dataset: str, src="de", tgt="en") -> dict:
     return {"dataset": dataset, "source_lang": src, "target_lang": tgt}
 
 
-def command(arch: str, dataset: str, *options: str) -> tuple[list[str], train_recipe.Hparams]:
-    args = train_recipe.parse_args([arch, "unused", *options])
-    args.save_dir = Path("ck")
-    model = train_recipe.check_architecture(arch)
-    cmd, hp, _ = train_recipe.build_command(args, model, Path("data"), manifest(dataset))
-    return cmd, hp
-
-
-def value(cmd: list[str], option: str) -> str:
-    return cmd[len(cmd) - 1 - cmd[::-1].index(option) + 1]  # the last occurrence wins, as in argparse
-
-
-def test_residual_tables_9_to_11():
-    cmd, _ = command("residual_iwslt_e12d12", "iwslt14")
-    assert (value(cmd, "--lr"), value(cmd, "--warmup-updates"), value(cmd, "--dropout")) == ("0.0005", "4000", "0.3")
-    assert (value(cmd, "--max-update"), value(cmd, "--weight-decay"), value(cmd, "--clip-norm")) == ("300000", "0.0001", "0.0")
-    assert value(cmd, "--adam-betas") == "(0.9, 0.98)" and value(cmd, "--label-smoothing") == "0.1"
-    assert value(cmd, "--criterion") == "label_smoothed_cross_entropy" and "--cpu" in cmd and "--fp16" not in cmd
-    cmd, _ = command("residual_e18d18", "wmt14_en_de")
-    assert (value(cmd, "--lr"), value(cmd, "--max-update"), value(cmd, "--dropout")) == ("0.001", "500000", "0.3")
-    cmd, _ = command("residual_e18d18", "opus100")
-    assert (value(cmd, "--lr"), value(cmd, "--max-update"), value(cmd, "--dropout")) == ("0.001", "100000", "0.1")
-
-
-def test_fp16_switches_on_the_dual_residual_downscale_for_residual_models_only():
-    cmd, _ = command("residual_e36d6", "wmt14_en_de", "--fp16", "1")
-    assert "--fp16" in cmd and value(cmd, "--dual-residual-scale") == "0.05"
-    cmd, _ = command("transformer_preln_e36d6", "wmt14_en_de", "--fp16", "1")
-    assert "--fp16" in cmd and "--dual-residual-scale" not in cmd
-    cmd, _ = command("residual_e36d6", "wmt14_en_de", "--fp16", "1", "--", "--dual-residual-scale", "0.1")
-    assert value(cmd, "--dual-residual-scale") == "0.1" and cmd.count("--dual-residual-scale") == 1
-
-
-def test_gpus_train_in_fp16_with_fairseq_distributed_and_constant_tokens_per_update(monkeypatch):
-    monkeypatch.setattr(train_recipe, "cuda_devices", lambda: 8)
-    cmd, _ = command("residual_e18d18", "wmt14_en_de")
-    assert value(cmd, "--distributed-world-size") == "8" and value(cmd, "--update-freq") == "1"
-    assert "--fp16" in cmd and "--cpu" not in cmd and "--fp16-no-flatten-grads" not in cmd
-    cmd, _ = command("residual_e18d18", "wmt14_en_de", "--gpus", "2")
-    assert value(cmd, "--update-freq") == "4"  # 4096 tokens x 2 GPUs x 4 = 32k tokens per update
-
-
-def registered(prefix: str) -> str:
-    archs = [a for a in train_recipe.registered_architectures() if a.startswith(prefix)]
-    if not archs:
-        pytest.skip(f"no {prefix}* architecture registered yet")
-    return min(archs)
-
-
-def test_crossformer_settings_and_guidance_criterion():
-    cmd, _ = command(registered("crossformer_sg_"), "iwslt14")
-    assert value(cmd, "--criterion") == "label_smoothed_cross_entropy_with_guidance"
-    assert value(cmd, "--guidance-weight") == "0.01" and value(cmd, "--max-update") == "50000"
-    cmd, hp = command(registered("crossformer_hg_"), "wmt14_en_fr")
-    assert value(cmd, "--criterion") == "label_smoothed_cross_entropy"
-    assert (value(cmd, "--lr"), value(cmd, "--max-update"), value(cmd, "--dropout")) == ("0.0007", "60000", "0.1")
-    assert hp.average_last == 5 and value(cmd, "--keep-interval-updates") == "5"
-
-
-def test_dca_uses_section_5_weight_decay():
-    cmd, _ = command(registered("dca_"), "wmt14_en_de")
-    assert value(cmd, "--weight-decay") == "0.1" and value(cmd, "--optimizer") == "adam"
+# the training recipe's commands and set-ups: tests/test_setups.py, tests/test_golden_commands.py
 
 
 # ----------------------------------------------------------------------------------------- bad inputs
@@ -240,6 +280,8 @@ def test_train_rejects_an_unknown_architecture_before_writing(tmp_path):
     proc = recipe("train.sh", "residual_e6d6", str(tmp_path), check=False)
     assert_fails(proc, "no recipe.json")
     assert_fails(recipe("train.sh", check=False), "usage: bash recipes/train.sh ARCH DATASET")
+    proc = recipe("train.sh", "residual_e6d6", "iwslt14_de_en", env={"DRY_RUN": "1", "NUM_GPUS": "3"}, check=False)
+    assert_fails(proc, "cannot be split exactly over 3 processes", "NUM_GPUS", "TOKENS_PER_UPDATE")
 
 
 def test_evaluate_rejects_a_missing_checkpoint(tmp_path):
@@ -267,27 +309,23 @@ def test_prepare_iwslt14_like_fairseq(tmp_path):
     info = json.loads((tmp_path / "bin" / "recipe.json").read_text())
     assert (info["beam"], info["lenpen"], info["tests"][0]["end"]) == (5, 1.0, 25)
     assert "\u2019" not in (tmp_path / "bin" / "refs" / "test.de").read_text(encoding="utf-8")
-    # the other direction reuses the tokenised and BPE files
-    proc = recipe("prepare_iwslt14.sh", env={**env, "SRC": "de", "TGT": "en", "DEST_DIR": str(tmp_path / "bin2")})
+    assert info["joined_dictionary"] and (tmp_path / "bin" / "dict.en.txt").read_text() == (tmp_path / "bin" / "dict.de.txt").read_text()
+    # the other direction reuses the tokenised and BPE files, but never the first direction's output
+    proc = recipe("prepare_iwslt14.sh", env={**env, "SRC": "de", "TGT": "en"}, check=False)
+    assert_fails(proc, "was built with other settings", "'direction': 'en-de'", "'direction': 'de-en'")
+    # ... here with one dictionary per language (Crossformer's set-up)
+    proc = recipe("prepare_iwslt14.sh", env={**env, "SRC": "de", "TGT": "en", "DEST_DIR": str(tmp_path / "bin2"),
+                                             "JOINED_DICTIONARY": "0"})  # fmt: skip
     assert "tokenise and clean: done already" in proc.stdout and "joint BPE (60 merges): done already" in proc.stdout
     assert fairseq_reads(tmp_path / "bin2", "de", "en") == sizes
+    def symbols(path: Path) -> set[str]:  # without fairseq's padding symbols (madeupwordNNNN)
+        return {w for w in (line.split()[0] for line in path.read_text(encoding="utf-8").splitlines())
+                if not w.startswith("madeupword")}  # fmt: skip
 
-
-@slow
-def test_prepare_opus100_tags_both_directions(tmp_path):
-    fx.make_opus100(tmp_path / "raw")
-    env = {"RAW_DIR": str(tmp_path / "raw"), "VERIFY_COUNTS": "0", "VOCAB_SIZE": "120", "WORKERS": "1",
-           "VALID_LINES": "4", "WORK_DIR": str(tmp_path / "work"), "DEST_DIR": str(tmp_path / "bin")}  # fmt: skip
-    recipe("prepare_opus100.sh", env=env)
-    text = tmp_path / "work" / "text"
-    sources = (text / "train.src").read_text(encoding="utf-8").splitlines()
-    assert {line.split()[0] for line in sources} == {"<2en>", "<2de>", "<2fr>"}
-    assert len(sources) == 2 * 2 * 40
-    assert fairseq_reads(tmp_path / "bin", "src", "tgt") == {"train": 160, "valid": 16, "test": 20}
-    info = json.loads((tmp_path / "bin" / "recipe.json").read_text())
-    assert [t["name"] for t in info["tests"]] == ["de-en", "en-de", "fr-en", "en-fr"]
-    assert [t["start"] for t in info["tests"]] == [0, 5, 10, 15] and info["tests"][1]["target_lang"] == "de"
-    assert info["averages"]["EX (en->xx)"] == ["en-de", "en-fr"] and (info["beam"], info["lenpen"]) == (4, 0.6)
+    joined = symbols(tmp_path / "bin" / "dict.de.txt")
+    de, en = symbols(tmp_path / "bin2" / "dict.de.txt"), symbols(tmp_path / "bin2" / "dict.en.txt")
+    assert de != en and de < joined and en < joined  # each side's own tokens only
+    assert json.loads((tmp_path / "bin2" / "recipe.json").read_text())["joined_dictionary"] is False
 
 
 @slow
@@ -305,9 +343,13 @@ def test_wmt14_prepare_train_average_evaluate(tmp_path):
     assert info["compound_split"] and (info["beam"], info["lenpen"]) == (4, 0.6)
     again = recipe("prepare_wmt14.sh", env=env)  # idempotent: every step is found done
     assert again.stdout.count("done already") == 3
+    reverse = recipe("prepare_wmt14.sh", env={**env, "SRC": "de", "TGT": "en"}, check=False)  # same DEST_DIR
+    assert_fails(reverse, "was built with other settings", "'direction': 'de-en'")
 
     save = tmp_path / "ck"
-    train_env = {"SAVE_DIR": str(save), "MAX_UPDATE": "4", "AVERAGE_LAST": "2", "MAX_TOKENS": "300", "FP16": "1"}
+    # the fixture is en->de, ResiDual's paper trains DE->EN: DIRECTION=data trains it as a recorded deviation
+    train_env = {"SAVE_DIR": str(save), "MAX_UPDATE": "4", "AVERAGE_LAST": "2", "MAX_TOKENS": "300", "FP16": "1",
+                 "DIRECTION": "data"}
     recipe("train.sh", "residual_e6d6", str(data), "--", *TRAIN_EXTRA, "--update-freq", "1",
            "--save-interval-updates", "1", env=train_env)  # fmt: skip
     summary = json.loads((save / "train_summary.json").read_text())

@@ -186,6 +186,14 @@ def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Mod
     return x[0].view(shape), F.layer_norm(x, (dim,), norm.weight, norm.bias, norm.eps).view(-1, *shape)
 
 
+NOT_SCRIPTABLE = (
+    "DeepCrossAttention (dca_transformer, GRN modules) cannot be compiled with torch.jit.script: its GRNs and "
+    "depth stack run hand-written torch.autograd.Function subclasses (TorchScript cannot compile them), its "
+    "layers take the stack as a variable number of chunks (*chunks) and its layer loop carries a Python "
+    "DepthStack object. Use the eager model (fairseq-generate, fairseq-interactive and the hub interface all do)."
+)
+
+
 class GRN(nn.Module):
     """``num_outputs`` learned mixtures of a stack of ``num_entries`` entries of width ``embed_dim``.
 
@@ -215,6 +223,11 @@ class GRN(nn.Module):
             return _grn_no_grad(chunks, self.b, self.w, norm)
         weight, bias, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
         return _GRNFunction.apply(self.b, self.w, weight, bias, eps, norm is not None, *chunks)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every submodule before compiling: a clear refusal instead of
+        # TorchScript's "Unknown type annotation: GRN" (and the same for a scripted SequenceGenerator)
+        raise RuntimeError(NOT_SCRIPTABLE)
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_entries={self.num_entries}, num_outputs={self.num_outputs}"

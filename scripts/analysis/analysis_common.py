@@ -37,16 +37,29 @@ def float_option(name: str, low: float, high: float, low_open: bool = False):
 
 
 class _Task:
-    """The two dictionaries a translation model is built from, without any data on disk."""
+    """The two dictionaries a translation model is built from, without any data on disk.
 
-    def __init__(self, vocab_size: int):
-        from fairseq.data import Dictionary
+    ``vocab_size`` and ``target_vocab_size`` count every entry (specials included), as ``len(dict.txt)``
+    plus fairseq's specials and padding would: a dictionary of exactly that length is built. Without
+    ``target_vocab_size`` source and target share one dictionary (fairseq's ``--joined-dictionary``), which
+    ``--share-all-embeddings`` requires.
+    """
 
-        d = Dictionary()
-        for i in range(vocab_size - d.nspecial):
-            d.add_symbol(f"w{i}")
-        d.finalize(padding_factor=1)
-        self.source_dictionary = self.target_dictionary = d
+    def __init__(self, vocab_size: int, target_vocab_size: int | None = None):
+        self.source_dictionary = _dictionary(vocab_size)
+        self.target_dictionary = (
+            self.source_dictionary if target_vocab_size is None else _dictionary(target_vocab_size)
+        )
+
+
+def _dictionary(size: int):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size - d.nspecial):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
 
 
 def registered_archs() -> list[str]:
@@ -68,16 +81,23 @@ def parse_arch_args(arch: str, extra: Sequence[str] = ()):
     return options.parse_args_and_arch(parser, input_args=argv)
 
 
-def build_arch(arch: str, vocab_size: int, extra: Sequence[str] = (), meta: bool = False):
+def build_arch(
+    arch: str,
+    vocab_size: int,
+    extra: Sequence[str] = (),
+    meta: bool = False,
+    target_vocab_size: int | None = None,
+):
     """Build ``arch`` as fairseq-train would, for a vocabulary of ``vocab_size`` symbols (specials included).
 
+    ``target_vocab_size`` gives the target side its own dictionary (default: one joined dictionary).
     ``meta=True`` builds on PyTorch's meta device: shapes only, for counting parameters.
     """
     import torch
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     args = parse_arch_args(arch, extra)
-    task = _Task(vocab_size)
+    task = _Task(vocab_size, target_vocab_size)
     if meta:
         with torch.device("meta"):
             return ARCH_MODEL_REGISTRY[arch].build_model(args, task)

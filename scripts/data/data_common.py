@@ -83,9 +83,17 @@ def check_settings(work_dir: Path, settings: dict, steps: Sequence[str]) -> None
 
 
 def check_output(dest: Path, settings: dict) -> None:
-    """An existing output directory is only reused if its recipe.json records the same settings."""
+    """An existing output directory is only reused if its recipe.json records the same settings (including
+    the direction: a directory binarized en->de is never taken for de->en)."""
     if (dest / MANIFEST).is_file():
-        old = json.loads((dest / MANIFEST).read_text(encoding="utf-8")).get("settings")
+        manifest = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))
+        old = manifest.get("settings")
+        if isinstance(old, dict) and "direction" in settings and "direction" not in old:
+            # written before the settings named the direction and the dictionary layout: its languages say
+            # the direction, and its dictionary was joined
+            old = {**old, "direction": f"{manifest.get('source_lang')}-{manifest.get('target_lang')}"}
+            if "joined_dictionary" in settings:
+                old["joined_dictionary"] = manifest.get("joined_dictionary", True)
         if old != settings:
             raise RecipeError(f"{dest} was built with other settings ({old} there, {settings} now); "
                               "remove it or choose another DEST_DIR")  # fmt: skip
@@ -295,15 +303,25 @@ def remove_non_printing(line: str) -> str:
 
 
 def clean_corpus(
-    src: Sequence[str], tgt: Sequence[str], min_len: int, max_len: int, ratio: float
+    src: Sequence[str], tgt: Sequence[str], min_len: int, max_len: int, ratio: float, factored: bool | None = None
 ) -> tuple[list[str], list[str]]:
-    """clean-corpus-n.perl: drop pairs with a side outside [min_len, max_len] words or a length ratio above
-    ``ratio``; like the script, remove '|' and squeeze whitespace in the kept lines."""
+    """clean-corpus-n.perl: drop pairs with an empty side, a side outside [min_len, max_len] words or a length
+    ratio above ``ratio``; squeeze whitespace in the kept lines.
+
+    '|' is the factor separator of Moses' factored corpora: the script deletes every '|' unless the corpus is
+    factored, which it decides from the FIRST pair (a '|' on either side of it). ``factored`` is that
+    decision (None: decide from ``src[0]``/``tgt[0]``). Text tokenised by Moses has no '|' to delete (the
+    tokenizer escapes it as ``&#124;``), so on the IWSLT/WMT pipelines this only matters for raw text."""
+    if factored is None:
+        factored = bool(src) and ("|" in src[0] or "|" in tgt[0])
     out_s, out_t = [], []
     for s, t in zip(src, tgt, strict=True):
-        s = " ".join(s.replace("|", "").split())
-        t = " ".join(t.replace("|", "").split())
-        ns, nt = len(s.split(" ")) if s else 0, len(t.split(" ")) if t else 0
+        if not factored:
+            s, t = s.replace("|", ""), t.replace("|", "")
+        s, t = " ".join(s.split()), " ".join(t.split())
+        if not s or not t:
+            continue
+        ns, nt = len(s.split(" ")), len(t.split(" "))
         if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
             continue
         if ns / nt > ratio or nt / ns > ratio:
@@ -315,13 +333,17 @@ def clean_corpus(
 
 def clean_files(src_in: Path, tgt_in: Path, src_out: Path, tgt_out: Path, min_len: int, max_len: int,
                 ratio: float) -> tuple[int, int]:  # fmt: skip
-    """clean_corpus over two files, streamed; returns (kept, read)."""
+    """clean_corpus over two files, streamed (the factored decision from the first pair holds for all chunks);
+    returns (kept, read)."""
     kept = read = 0
+    factored = None
     with open_text(src_in) as fs, open_text(tgt_in) as ft, atomic_path(src_out) as tmp_s, \
             atomic_path(tgt_out) as tmp_t, open(tmp_s, "w", encoding="utf-8") as os_, \
             open(tmp_t, "w", encoding="utf-8") as ot:  # fmt: skip
         for chunk_s, chunk_t in zip(_chunks(fs, 100000), _chunks(ft, 100000), strict=True):
-            s, t = clean_corpus(chunk_s, chunk_t, min_len, max_len, ratio)
+            if factored is None:
+                factored = "|" in chunk_s[0] or "|" in chunk_t[0]
+            s, t = clean_corpus(chunk_s, chunk_t, min_len, max_len, ratio, factored)
             os_.writelines(line + "\n" for line in s)
             ot.writelines(line + "\n" for line in t)
             kept, read = kept + len(s), read + len(chunk_s)
@@ -391,17 +413,59 @@ class SentencePieceEncode:
 
 
 def binarize(
-    tag: str, src: str, tgt: str, prefixes: dict[str, Path | list[Path]], dest: Path, workers: int = _WORKERS
+    tag: str, src: str, tgt: str, prefixes: dict[str, Path | list[Path]], dest: Path, workers: int = _WORKERS,
+    joined: bool = True, dictionary: Path | None = None,
 ) -> None:
-    """fairseq-preprocess with one joined dictionary; ``prefixes`` maps train/valid/test to file prefixes
-    (``PREFIX.src`` and ``PREFIX.tgt`` exist). A list for test gives splits test, test1, test2..."""
-    args = ["--source-lang", src, "--target-lang", tgt, "--destdir", dest, "--joined-dictionary",
-            "--workers", str(workers)]  # fmt: skip
+    """fairseq-preprocess; ``prefixes`` maps train/valid/test to file prefixes (``PREFIX.src`` and
+    ``PREFIX.tgt`` exist). A list for test gives splits test, test1, test2...
+
+    ``joined``: one dictionary for both sides (--joined-dictionary), else one per side, each built from its
+    side's training text. ``dictionary``: an existing dictionary file for both sides (--srcdict/--tgtdict)."""
+    args = ["--source-lang", src, "--target-lang", tgt, "--destdir", dest, "--workers", str(workers)]
+    if dictionary is not None:
+        args += ["--srcdict", dictionary, "--tgtdict", dictionary]
+    elif joined:
+        args.append("--joined-dictionary")
     for split, prefix in prefixes.items():
         value = ",".join(str(p) for p in prefix) if isinstance(prefix, list) else str(prefix)
         args += [f"--{split}pref", value]
-    log(tag, f"binarizing with fairseq-preprocess -> {dest}")
-    run_command(tag, fairseq_module("preprocess") + args, quiet=True)
+    log(tag, f"binarizing {src}-{tgt} with fairseq-preprocess -> {dest}")
+    preprocess([str(a) for a in args])
+
+
+def preprocess(argv: list[str]) -> None:
+    """fairseq-preprocess ``argv`` in this process (fairseq's own parser and main): fairseq is imported once
+    for every pair of a multilingual corpus, not once per pair. Its INFO log goes to DEST/preprocess.log only."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess as fairseq_preprocess
+
+    logger = logging.getLogger("fairseq_cli.preprocess")
+    handlers = list(logger.handlers)
+    logger.propagate = False  # fairseq_cli.preprocess configures the root logger to print INFO on stdout
+    try:
+        fairseq_preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    except (AssertionError, FileExistsError, FileNotFoundError, OSError, ValueError) as err:
+        raise RecipeError(f"fairseq-preprocess {' '.join(argv)} failed: {type(err).__name__}: {err}") from err
+    finally:
+        for handler in logger.handlers[len(handlers):]:  # the log file handler its main adds on every call
+            handler.close()
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def build_dictionary(tag: str, files: Sequence[Path], dest: Path, workers: int = _WORKERS) -> int:
+    """One dictionary of every token in ``files``, counted and ordered by fairseq's own
+    ``FairseqTask.build_dictionary`` (what fairseq-preprocess does for its training text), saved to ``dest``;
+    returns its size."""
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    log(tag, f"building the shared dictionary from {len(files)} files")
+    d = FairseqTask.build_dictionary([str(f) for f in files], workers=workers)
+    with atomic_path(dest) as tmp:
+        d.save(str(tmp))
+    return len(d)
 
 
 def split_language_pair(pair: str, allowed: Sequence[str], variable: str) -> tuple[str, str]:
@@ -417,18 +481,89 @@ def replace_curly_apostrophe(line: str) -> str:
     return line.replace("\u2019", "'")
 
 
-_SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
-
-
 def read_segments(path: Path) -> list[str]:
-    """The <seg> texts of an XML/SGM file (IWSLT .xml, WMT .sgm), as fairseq's prepare scripts grep them."""
-    segments = []
-    for line in read_lines(path):
-        if "<seg" in line:
-            match = _SEG.search(line)
-            if match is None:
-                raise RecipeError(f"{path}: malformed <seg> line: {line[:80]!r}")
-            segments.append(match.group(1))
+    """The <seg> texts of an XML/SGM file (IWSLT .xml, WMT .sgm), read by sacrebleu's own reader of the
+    WMT/IWSLT "fake SGML" format (``FakeSGMLDataset._convert_format``: every line that starts with ``<seg ``,
+    whitespace squeezed), the reader sacrebleu scores its own test sets with."""
+    import tempfile
+
+    from sacrebleu.dataset.fake_sgml import FakeSGMLDataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "text"
+        try:
+            FakeSGMLDataset._convert_format(FakeSGMLDataset, str(path), str(out))  # a method without state
+        except (OSError, UnicodeDecodeError) as err:
+            raise RecipeError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
+        segments = read_lines(out)
     if not segments:
         raise RecipeError(f"{path}: no <seg> lines")
     return segments
+
+
+# ------------------------------------------------------------------- interrupted runs and their temporaries
+
+_TMP_NAME = re.compile(r"\.tmp-(\d+)$")  # recipe_common.atomic_path names NAME.tmp-PID
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(tag: str, work_dir: Path, *outputs: Path) -> list[Path]:
+    """Delete the ``NAME.tmp-PID`` files and directories a killed earlier run left behind: everywhere under
+    ``work_dir`` and beside each of ``outputs``. Those of a process that still runs (a concurrent run) stay."""
+    stale: list[Path] = []
+
+    def check(path: Path) -> bool:
+        match = _TMP_NAME.search(path.name)
+        if match and not _running(int(match.group(1))):
+            stale.append(path)
+            return True
+        return False
+
+    if work_dir.is_dir():
+        for dirpath, dirnames, filenames in os.walk(work_dir):
+            for name in filenames:
+                check(Path(dirpath) / name)
+            dirnames[:] = [d for d in dirnames if not check(Path(dirpath) / d)]
+    for output in outputs:
+        if output.parent.is_dir():
+            for path in output.parent.glob(f"{output.name}.tmp-*"):
+                check(path)
+    for path in stale:
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if stale:
+        log(tag, f"removed {len(stale)} temporary file(s) of an interrupted earlier run: "
+                 f"{', '.join(p.name for p in stale[:5])}{' ...' if len(stale) > 5 else ''}")  # fmt: skip
+    return stale
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler's or ``kill``'s stop) raises KeyboardInterrupt in this process, as Ctrl-C (SIGINT)
+    does: the ``finally`` of every atomic step then removes its temporary output and run_main exits with
+    status 130. Forked worker processes keep the default (they are terminated by their pool)."""
+    import signal
+
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def start(tag: str, work_dir: Path, *outputs: Path) -> None:
+    """What every preparation script does first: stop cleanly on SIGTERM and remove what a killed run left."""
+    interrupt_on_sigterm()
+    remove_stale_temporaries(tag, work_dir, *outputs)

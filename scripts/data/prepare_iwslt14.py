@@ -43,6 +43,7 @@ from data_common import (
     require_dir,
     run_main,
     split_language_pair,
+    start,
     step,
     write_lines,
     write_manifest,
@@ -72,6 +73,10 @@ def parse_args(argv=None):
                    help="intermediate files, shared by both directions (default work_dirs/data/iwslt14)")
     p.add_argument("--dest-dir", type=Path, help="binarized output (default data-bin/iwslt14_SRC_TGT)")
     p.add_argument("--bpe-merges", type=int, default=10000, help="joint BPE merges (default 10000)")
+    p.add_argument("--no-joined-dictionary", dest="joined_dictionary", action="store_false",
+                   help="one dictionary per language, as fairseq's IWSLT'14 example binarizes it (Crossformer's "
+                        "Transformer-Base set-up with separate source and target embeddings); default: one joined "
+                        "dictionary (--share-all-embeddings)")  # fmt: skip
     p.add_argument("--no-verify-counts", dest="verify_counts", action="store_false",
                    help="accept test sets whose segment counts differ from the published ones")
     p.add_argument("--workers", type=int, default=4, help="processes for tokenising/BPE/binarizing (default 4)")
@@ -112,9 +117,12 @@ def train_text(path: Path) -> list[str]:
 
 def main(argv=None):
     args = parse_args(argv)
+    start(TAG, args.work_dir, args.dest_dir)
     files = raw_files(args)
     settings = {"corpus": "iwslt14", "bpe_merges": args.bpe_merges}
-    check_output(args.dest_dir, settings)
+    # the work directory serves both directions, the output one direction and one dictionary layout
+    output_settings = {**settings, "direction": f"{args.src}-{args.tgt}", "joined_dictionary": args.joined_dictionary}
+    check_output(args.dest_dir, output_settings)
     check_settings(args.work_dir, settings, ["tok", "bpe"])
     langs = ("de", "en")
 
@@ -144,7 +152,8 @@ def main(argv=None):
     bpe_dir = step(TAG, f"joint BPE ({args.bpe_merges} merges)", args.work_dir / "bpe", apply_bpe)
 
     def build(tmp: Path) -> None:
-        binarize(TAG, args.src, args.tgt, {s: bpe_dir / s for s in ("train", "valid", "test")}, tmp, args.workers)
+        binarize(TAG, args.src, args.tgt, {s: bpe_dir / s for s in ("train", "valid", "test")}, tmp, args.workers,
+                 joined=args.joined_dictionary)  # fmt: skip
         (tmp / "refs").mkdir()
         refs = read_lines(tok_dir / f"ref.test.{args.tgt}")
         write_lines(tmp / "refs" / f"test.{args.tgt}", refs)
@@ -152,10 +161,10 @@ def main(argv=None):
         write_manifest(tmp, {
             "dataset": "iwslt14", "source_lang": args.src, "target_lang": args.tgt,
             "segmentation": "bpe", "detokenizer": "moses", "lowercase": True,
-            "beam": 5, "lenpen": 1.0, "compound_split": False,
+            "beam": 5, "lenpen": 1.0, "compound_split": False, "joined_dictionary": args.joined_dictionary,
             "tests": [{"name": "iwslt14_test", "split": "test", "start": 0, "end": len(refs),
                        "reference": f"refs/test.{args.tgt}"}],
-            "averages": {}, "settings": settings,
+            "averages": {}, "settings": output_settings,
         })  # fmt: skip
 
     step(TAG, f"binarize {args.src}->{args.tgt}", args.dest_dir, build)

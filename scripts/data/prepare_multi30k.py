@@ -31,6 +31,7 @@ from data_common import (
     read_lines,
     require_dir,
     run_main,
+    start,
     step,
     train_sentencepiece,
     write_lines,
@@ -100,12 +101,15 @@ def raw_files(args) -> dict[str, tuple[Path, Path]]:
 
 def main(argv=None):
     args = parse_args(argv)
+    start(TAG, args.work_dir, args.dest_dir)
     files = raw_files(args)  # verified before anything is written (downloads aside)
     if args.train_lines and args.train_lines > len(read_lines(files["train"][0])):
         raise RecipeError(f"--train-lines {args.train_lines} (TRAIN_LINES): the training set is smaller")
     settings = {"corpus": "multi30k", "languages": sorted((args.src, args.tgt)), "vocab_size": args.vocab_size,
                 "train_lines": args.train_lines}  # fmt: skip
-    check_output(args.dest_dir, settings)
+    # the work directory serves both directions, the output one: its settings name the direction
+    output_settings = {**settings, "direction": f"{args.src}-{args.tgt}"}
+    check_output(args.dest_dir, output_settings)
     check_settings(args.work_dir, settings, ["spm"])
     langs = sorted((args.src, args.tgt))
 
@@ -142,7 +146,7 @@ def main(argv=None):
             "beam": 5, "lenpen": 1.0, "compound_split": False,
             "tests": [{"name": "test_2016_flickr", "split": "test", "start": 0, "end": n_test,
                        "reference": f"refs/test_2016_flickr.{args.tgt}"}],
-            "averages": {}, "settings": settings,
+            "averages": {}, "settings": output_settings,
         })  # fmt: skip
 
     step(TAG, f"binarize {args.src}->{args.tgt}", args.dest_dir, build)

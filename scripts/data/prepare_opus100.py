@@ -1,37 +1,41 @@
 #!/usr/bin/env python
-"""Prepare OPUS-100 (Zhang et al. 2020) as the ResiDual paper trains it (section 4.4, appendix H.1): one model
-for both directions of every English-centric pair (about 110M training pairs with all 99 pairs).
+"""Prepare OPUS-100 (Zhang et al. 2020) as the ResiDual authors train it (paper section 4.4, appendix H.1;
+released hydra_config/opus.yaml): one model for both directions of every English-centric pair, with
+fairseq's own multilingual task ``translation_multi_simple_epoch`` (scripts/training/multilingual.py).
 
-As in Zhang et al.'s scripts (github.com/bzhangGo/zero), text is segmented by one joint SentencePiece model
-(64k pieces, trained on a random sample of the training text) with no other tokenisation, and the target
-language is given by a token ``<2xx>`` before the source sentence (xx -> en gets ``<2en>``, en -> xx gets
-``<2xx>``). Training pairs longer than ``--max-len`` pieces are dropped (fairseq refuses over-long
-examples); the validation set holds the first ``--valid-lines`` pairs of every dev set and direction; every
-test set (2,000 sentences per pair and direction) is kept whole, in one binarized split with its ranges in
-``recipe.json``, so the evaluation recipe reports each direction and the EX (en->xx), XE (xx->en) and ALL
-averages of ResiDual table 4.
+- languages: ``--langs all`` takes every pair that has dev and test sets: 94 of the corpus's 99 (an, dz,
+  hy, mn and yo have training data only), so 188 directions (94 x 2), as the authors train;
+- segmentation as in Zhang et al.'s scripts (github.com/bzhangGo/zero): one joint SentencePiece model
+  (64k pieces, trained on a random sample of the training text), no other tokenisation;
+- one shared dictionary of all the segmented training text (fairseq's own dictionary builder), then
+  fairseq-preprocess per pair with that dictionary (``--srcdict``/``--tgtdict``): ``{split}.en-xx.{en,xx}``,
+  the layout the task reads for both en->xx and xx->en. No language tags are written into the text: the
+  task prepends the target language's token (``__xx__``) itself and adds those symbols to the dictionary;
+- training pairs are kept as they are (no length filter: the task truncates over-long sources at 256
+  positions and fairseq-train skips over-long targets); the validation set holds the first
+  ``--valid-lines`` pairs of every dev set; every test set (2,000 sentences per pair) is kept whole, with
+  its raw references per direction in ``refs/``;
+- ``recipe.json`` names the task and its options (``multilingual``: languages, directions, language tokens,
+  temperature sampling), one test entry per direction and the EX (en->xx), XE (xx->en) and ALL averages
+  of ResiDual table 4 (the mean BLEU over the 94 from-English, the 94 to-English and all 188 directions).
 
     python scripts/data/prepare_opus100.py                                  # downloads the corpus (about 2.5 GB)
     python scripts/data/prepare_opus100.py --raw-dir DIR --langs de,fr,zh   # DIR holds opus-100-corpus/
 """
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 from data_common import (
     REPO,
-    Pipeline,
-    Prefix,
     RecipeError,
     SentencePieceEncode,
     binarize,
+    build_dictionary,
     check_output,
     check_parallel,
     check_settings,
-    clean_files,
-    concatenate,
     download,
     extract,
     log,
@@ -39,6 +43,7 @@ from data_common import (
     read_lines,
     require_dir,
     run_main,
+    start,
     step,
     train_sentencepiece,
     write_lines,
@@ -47,31 +52,48 @@ from data_common import (
 
 TAG = "opus100"
 URL = "https://object.pouta.csc.fi/OPUS-100/v1.0/opus-100-corpus-v1.0.tar.gz"
-N_PAIRS, N_DEV_TEST = 99, 2000  # published: 99 supervised pairs, dev and test sets of 2,000 pairs
+# published: 99 English-centric pairs, 94 of them with dev and test sets of 2,000 pairs
+N_PAIRS, N_EVAL_PAIRS, N_DEV_TEST = 99, 94, 2000
+TASK = "translation_multi_simple_epoch"
+# the authors' task options (hydra_config/opus.yaml, ../shared/REFERENCE_SETUPS.md), as recipe.json records them
+MULTILINGUAL = {
+    "encoder_langtok": "tgt", "decoder_langtok": False, "lang_tok_style": "multilingual",
+    "sampling_method": "temperature", "sampling_temperature": 5.0, "truncate_source": True,
+    "max_source_positions": 256, "max_target_positions": 256,
+}  # fmt: skip
+DEVIATIONS = [
+    ("temperature T=5 from the first update: the authors raise T linearly from 1 to 5 over 5 warm-up epochs "
+     "(--sampling-method linear of a fairseq fork; fairseq 0.12 has uniform, temperature, concat, RoundRobin)"),
+    ("batches mix directions: the authors' one-language-per-batch option (--same-lang-per-batch) is not in "
+     "fairseq 0.12"),
+]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--raw-dir", type=Path, help="local directory holding opus-100-corpus/: no download")
     p.add_argument("--url", default=URL, help=f"the corpus archive (default {URL})")
-    p.add_argument("--langs", default="all", help="comma-separated non-English languages, or all (default)")
+    p.add_argument("--langs", default="all",
+                   help="comma-separated non-English languages, or all (default): every pair with dev and test sets")
     p.add_argument("--vocab-size", type=int, default=64000, help="joint SentencePiece pieces (default 64000)")
     p.add_argument("--sample", type=int, default=10_000_000,
                    help="lines sampled to train SentencePiece (default 10000000)")
-    p.add_argument("--max-len", type=int, default=256, help="drop training pairs longer than this (default 256)")
     p.add_argument("--valid-lines", type=int, default=200,
-                   help="dev pairs per pair and direction in the validation set (default 200; 0 = all)")
+                   help="dev pairs per pair in the validation set (default 200; 0 = all)")
     p.add_argument("--work-dir", type=Path, default=REPO / "work_dirs" / "data" / "opus100",
                    help="downloads and intermediate files (default work_dirs/data/opus100)")
     p.add_argument("--dest-dir", type=Path, default=REPO / "data-bin" / "opus100",
                    help="binarized output (default data-bin/opus100)")
     p.add_argument("--no-verify-counts", dest="verify_counts", action="store_false",
-                   help="accept a corpus with other than 99 pairs or dev/test sets of other than 2000 lines")
+                   help="accept a corpus with other than 99 pairs (94 with test sets) or dev/test sets of other "
+                        "than 2000 lines")  # fmt: skip
     p.add_argument("--workers", type=int, default=8, help="processes for encoding and binarizing (default 8)")
     args = p.parse_args(argv)
-    for name in ("vocab_size", "sample", "max_len"):
+    for name in ("vocab_size", "sample", "workers"):
         if getattr(args, name) <= 0:
             raise RecipeError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if args.valid_lines < 0:
+        raise RecipeError(f"--valid-lines {args.valid_lines} (VALID_LINES): must be >= 0")
     return args
 
 
@@ -91,6 +113,18 @@ def find_pairs(root: Path) -> dict[str, Path]:
     return pairs
 
 
+def split_files(d: Path, lang: str) -> dict[str, tuple[Path, Path]]:
+    """{split: (xx file, en file)} of one pair directory; a split with one side only is an error."""
+    files = {}
+    for split in ("train", "dev", "test"):
+        pair = (d / f"opus.{d.name}-{split}.{lang}", d / f"opus.{d.name}-{split}.en")
+        if all(p.is_file() for p in pair):
+            files[split] = pair
+        elif split == "train" or any(p.is_file() for p in pair):
+            raise RecipeError(f"RAW_DIR: missing {next(p for p in pair if not p.is_file())}")
+    return files
+
+
 def raw_files(args) -> dict[str, dict[str, tuple[Path, Path]]]:
     """{language: {split: (xx file, en file)}} for the chosen languages, verified."""
     if args.raw_dir is not None:
@@ -99,109 +133,103 @@ def raw_files(args) -> dict[str, dict[str, tuple[Path, Path]]]:
         root = extract(TAG, download(TAG, args.url, args.work_dir / "download" / Path(args.url).name),
                        args.work_dir / "download" / "corpus")  # fmt: skip
     pairs = find_pairs(root)
+    available = {lang: split_files(d, lang) for lang, d in pairs.items()}
+    evaluable = sorted(lang for lang, f in available.items() if {"dev", "test"} <= set(f))
     if args.langs == "all":
-        langs = sorted(pairs)
-        if args.verify_counts and len(langs) != N_PAIRS:
-            raise RecipeError(f"RAW_DIR={root}: {len(langs)} pairs, the published corpus has {N_PAIRS} "
-                              "(VERIFY_COUNTS=0 accepts others)")  # fmt: skip
+        langs = evaluable
+        if args.verify_counts and (len(pairs), len(langs)) != (N_PAIRS, N_EVAL_PAIRS):
+            raise RecipeError(f"RAW_DIR={root}: {len(pairs)} pairs, {len(langs)} with dev and test sets; the "
+                              f"published corpus has {N_PAIRS} and {N_EVAL_PAIRS} (VERIFY_COUNTS=0 accepts others)")  # fmt: skip
+        skipped = sorted(set(pairs) - set(langs))
+        if skipped:
+            log(TAG, f"without dev/test sets, not trained (as the authors' 188 directions): {', '.join(skipped)}")
     else:
-        langs = [x.strip() for x in args.langs.split(",") if x.strip()]
+        langs = list(dict.fromkeys(x.strip() for x in args.langs.split(",") if x.strip()))
         unknown = [x for x in langs if x not in pairs]
         if unknown or not langs:
             raise RecipeError(f"--langs (LANGS): {', '.join(unknown) or 'empty'} not in the corpus; it has "
                               f"{', '.join(sorted(pairs))}")  # fmt: skip
-    files: dict[str, dict[str, tuple[Path, Path]]] = {}
+        no_eval = [x for x in langs if x not in evaluable]
+        if no_eval:
+            raise RecipeError(f"--langs (LANGS): {', '.join(no_eval)} without dev/test sets in the corpus (the task "
+                              f"validates every direction); with both: {', '.join(evaluable)}")  # fmt: skip
+        langs = sorted(langs)
+    expected = {s: N_DEV_TEST for s in ("dev", "test")} if args.verify_counts else None
     for lang in langs:
-        d = pairs[lang]
-        files[lang] = {}
-        for split in ("train", "dev", "test"):
-            pair = (d / f"opus.{d.name}-{split}.{lang}", d / f"opus.{d.name}-{split}.en")
-            if all(p.is_file() for p in pair):
-                files[lang][split] = pair
-            elif split == "train" or any(p.is_file() for p in pair):
-                raise RecipeError(f"RAW_DIR: missing {next(p for p in pair if not p.is_file())}")
-        expected = {s: N_DEV_TEST for s in ("dev", "test")} if args.verify_counts else None
-        check_parallel(files[lang], expected)
-    with_test = sum("test" in f for f in files.values())
-    log(TAG, f"verified {len(langs)} pairs ({with_test} with test sets)")
-    return files
+        check_parallel({f"{lang}-en {s}": f for s, f in available[lang].items()},
+                       {f"{lang}-en {s}": n for s, n in expected.items()} if expected else None)  # fmt: skip
+    log(TAG, f"verified {len(langs)} pairs: {2 * len(langs)} directions")
+    return {lang: available[lang] for lang in langs}
+
+
+def multilingual_block(langs: list[str]) -> dict:
+    """recipe.json's ``multilingual`` block: ``langs`` fixes the language tokens' ids (en first, then the
+    others sorted), ``lang_pairs`` every direction, en->xx and xx->en in turn."""
+    return {"langs": ["en", *langs], "lang_pairs": [p for x in langs for p in (f"en-{x}", f"{x}-en")],
+            **MULTILINGUAL}  # fmt: skip
 
 
 def main(argv=None):
     args = parse_args(argv)
+    start(TAG, args.work_dir, args.dest_dir)
     files = raw_files(args)
     langs = sorted(files)
-    settings = {"corpus": "opus100", "langs": langs, "vocab_size": args.vocab_size, "sample": args.sample,
-                "max_len": args.max_len, "valid_lines": args.valid_lines}  # fmt: skip
+    settings = {"corpus": "opus100", "task": TASK, "langs": langs, "vocab_size": args.vocab_size,
+                "sample": args.sample, "valid_lines": args.valid_lines}  # fmt: skip
     check_output(args.dest_dir, settings)
     check_settings(args.work_dir, settings, ["spm", "text"])
-    tags = [f"<2{x}>" for x in ["en", *langs]]
 
     def segment(tmp: Path) -> None:
         inputs = [path for lang in langs for path in files[lang]["train"]]
-        train_sentencepiece(TAG, inputs, tmp / "spm", args.vocab_size, tags, character_coverage=0.9995,
+        train_sentencepiece(TAG, inputs, tmp / "spm", args.vocab_size, character_coverage=0.9995,
                             input_sentence_size=args.sample)  # fmt: skip
 
-    spm_dir = step(TAG, "SentencePiece", args.work_dir / "spm", segment)
-    model = spm_dir / "spm.model"
+    model = step(TAG, "SentencePiece", args.work_dir / "spm", segment) / "spm.model"
 
-    def assemble(tmp: Path) -> None:
-        parts: dict[str, list[Path]] = {"train.src": [], "train.tgt": [], "valid.src": [], "valid.tgt": [],
-                                        "test.src": [], "test.tgt": []}  # fmt: skip
-        tests = []
-        for lang in langs:
-            log(TAG, f"encoding en-{lang}")
+    def encode(lang: str):
+        def build(tmp: Path) -> None:
             for split, (xx, en) in files[lang].items():
-                for src_lang, tgt_lang, src, tgt in ((lang, "en", xx, en), ("en", lang, en, xx)):
-                    stem = tmp / "parts" / f"{split}.{src_lang}-{tgt_lang}"
-                    map_file(Pipeline(SentencePieceEncode(model), Prefix(f"<2{tgt_lang}> ")), src, Path(f"{stem}.src"), args.workers)
-                    map_file(SentencePieceEncode(model), tgt, Path(f"{stem}.tgt"), args.workers)
-                    if split == "train":
-                        clean_files(Path(f"{stem}.src"), Path(f"{stem}.tgt"), Path(f"{stem}.clean.src"),
-                                    Path(f"{stem}.clean.tgt"), 1, args.max_len, float("inf"))  # fmt: skip
-                        stem = Path(f"{stem}.clean")
+                name = {"train": "train", "dev": "valid", "test": "test"}[split]
+                for side, path in ((lang, xx), ("en", en)):
+                    out = tmp / f"{name}.{side}"
+                    map_file(SentencePieceEncode(model), path, out, args.workers)
                     if split == "dev" and args.valid_lines:
-                        for side in ("src", "tgt"):
-                            write_lines(Path(f"{stem}.{side}"), read_lines(Path(f"{stem}.{side}"))[: args.valid_lines])
-                    name = {"train": "train", "dev": "valid", "test": "test"}[split]
-                    parts[f"{name}.src"].append(Path(f"{stem}.src"))
-                    parts[f"{name}.tgt"].append(Path(f"{stem}.tgt"))
-                    if split == "test":
-                        tests.append((f"{src_lang}-{tgt_lang}", tgt_lang, tgt))
-        for name, paths in parts.items():
-            concatenate(paths, tmp / name)
-        refs, start, entries = tmp / "refs", 0, []
-        for name, tgt_lang, tgt in tests:
-            lines = read_lines(tgt)
-            write_lines(refs / f"{name}.{tgt_lang}", lines)
-            entries.append({"name": name, "split": "test", "start": start, "end": start + len(lines),
-                            "reference": f"refs/{name}.{tgt_lang}", "target_lang": tgt_lang})  # fmt: skip
-            start += len(lines)
-        (tmp / "tests.json").write_text(json.dumps(entries), encoding="utf-8")
-        for path in (tmp / "parts").iterdir():
-            path.unlink()
-        (tmp / "parts").rmdir()
+                        write_lines(out, read_lines(out)[: args.valid_lines])
+        return build
 
-    text_dir = step(TAG, "encode, tag and assemble", args.work_dir / "text", assemble)
+    text = args.work_dir / "text"
+    for lang in langs:  # one step per pair: an interrupted run resumes at the next pair
+        step(TAG, f"SentencePiece-encode en-{lang}", text / lang, encode(lang))
 
     def build(tmp: Path) -> None:
-        binarize(TAG, "src", "tgt", {s: text_dir / s for s in ("train", "valid", "test")}, tmp, args.workers)
-        shutil.copytree(text_dir / "refs", tmp / "refs")
+        size = build_dictionary(TAG, [text / x / f"train.{side}" for x in langs for side in (x, "en")],
+                                tmp / "dict.txt", args.workers)  # fmt: skip
+        log(TAG, f"dictionary: {size} types (the task adds {len(langs) + 1} language tokens)")
+        for lang in langs:
+            binarize(TAG, "en", lang, {s: text / lang / s for s in ("train", "valid", "test")}, tmp, args.workers,
+                     dictionary=tmp / "dict.txt")  # fmt: skip
+        tests, averages = [], {"EX (en->xx)": [], "XE (xx->en)": []}
+        for lang in langs:
+            xx, en = files[lang]["test"]
+            for src, tgt, ref in (("en", lang, xx), (lang, "en", en)):
+                lines = read_lines(ref)
+                write_lines(tmp / "refs" / f"{src}-{tgt}.{tgt}", lines)
+                tests.append({"name": f"{src}-{tgt}", "split": "test", "source_lang": src, "target_lang": tgt,
+                              "start": 0, "end": len(lines), "reference": f"refs/{src}-{tgt}.{tgt}"})  # fmt: skip
+                averages["EX (en->xx)" if src == "en" else "XE (xx->en)"].append(f"{src}-{tgt}")
+        averages["ALL"] = averages["EX (en->xx)"] + averages["XE (xx->en)"]
         shutil.copy(model, tmp / "spm.model")
-        entries = json.loads((text_dir / "tests.json").read_text(encoding="utf-8"))
-        ex = [e["name"] for e in entries if e["name"].startswith("en-")]
-        xe = [e["name"] for e in entries if e["name"].endswith("-en")]
         write_manifest(tmp, {
-            "dataset": "opus100", "source_lang": "src", "target_lang": "tgt",
+            "dataset": "opus100", "task": TASK, "source_lang": "multi", "target_lang": "multi",
+            "multilingual": multilingual_block(langs), "deviations": DEVIATIONS,
             "segmentation": "sentencepiece", "detokenizer": "none", "lowercase": False,
-            "beam": 4, "lenpen": 0.6, "compound_split": False, "tests": entries,
-            "averages": {"EX (en->xx)": ex, "XE (xx->en)": xe, "ALL": ex + xe}, "settings": settings,
+            "beam": 4, "lenpen": 0.6, "compound_split": False, "joined_dictionary": True,
+            "tests": tests, "averages": averages, "settings": settings,
         })  # fmt: skip
 
-    step(TAG, "binarize", args.dest_dir, build)
-    log(TAG, f"ready: {args.dest_dir}")
+    step(TAG, f"dictionary and fairseq-preprocess of {len(langs)} pairs", args.dest_dir, build)
+    log(TAG, f"ready: {args.dest_dir} ({2 * len(langs)} directions)")
 
 
 if __name__ == "__main__":
     run_main(TAG, main)
-

@@ -9,8 +9,11 @@ examples/translation/prepare-wmt14en2de.sh (--icml17) and prepare-wmt14en2fr.sh 
   (1 to 250 tokens) on the BPE text, as the fairseq scripts order it;
 - valid: newstest2013 (Vaswani et al.; ResiDual follows Takase & Kiyono, who use it too);
 - test: newstest2014 (the full 3,003-sentence release), and for En-De newstest2010-2016 for the
-  multi-year average of ResiDual tables 6-7 (``--years``); the SGM files come from the archives sacrebleu
-  knows, with sacrebleu's published md5 sums.
+  multi-year average of ResiDual tables 6-7 (``--years``). The test sets are sacrebleu's own: its
+  definitions (``sacrebleu.dataset.DATASETS``: archives, md5 sums, file names per language pair) and its
+  reader of WMT's SGM format; downloaded, they are sacrebleu's processed text (``get_source_file`` /
+  ``get_reference_files``, cached in ~/.sacrebleu or $SACREBLEU); from ``--raw-dir``, the SGM files sacrebleu
+  names are found there and read with sacrebleu's SGM reader (data_common.read_segments).
 
     python scripts/data/prepare_wmt14.py --src en --tgt de                      # downloads (about 1.5 GB)
     python scripts/data/prepare_wmt14.py --src en --tgt fr --raw-dir DIR        # DIR holds the unpacked archives
@@ -52,6 +55,7 @@ from data_common import (
     require_dir,
     run_main,
     split_language_pair,
+    start,
     step,
     write_lines,
     write_manifest,
@@ -146,16 +150,37 @@ def find_corpus_file(root: Path, stem: str, lang: str) -> Path:
 
 
 def find_test_file(root: Path, year: int, path_in_archive: str, lang: str) -> Path:
-    """The SGM file sacrebleu's metadata names, else a plain ``newstestYEAR.LANG``."""
+    """The SGM file sacrebleu's metadata names (at that path under ``root``, else anywhere under it), else a
+    plain ``newstestYEAR.LANG``."""
+    if (root / path_in_archive).is_file():
+        return root / path_in_archive
     for name in (Path(path_in_archive).name, f"newstest{year}.{lang}"):
         if list(root.rglob(name)):
             return find_file(root, name, "RAW_DIR")
     raise RecipeError(f"RAW_DIR={root}: missing {Path(path_in_archive).name} (or newstest{year}.{lang})")
 
 
+def sacrebleu_test_files(year: int, other: str) -> dict[str, Path]:
+    """{en: source file, other: reference file} of newstestYEAR as sacrebleu downloads (md5-checked) and
+    converts it to text itself, in its cache (~/.sacrebleu, or $SACREBLEU)."""
+    from sacrebleu.dataset import DATASETS
+
+    dataset = DATASETS[TESTS[year][0]]
+    try:
+        source = dataset.get_source_file(f"en-{other}")
+        (reference,) = dataset.get_reference_files(f"en-{other}")
+    except (OSError, ValueError, SystemExit) as err:  # network or archive problems; a wrong md5 exits (logged)
+        raise RecipeError(f"sacrebleu could not fetch {dataset.name} ({err or 'see its log above'}); download {', '.join(dataset.data)} by "
+                          "hand and pass its directory as RAW_DIR") from err  # fmt: skip
+    return {"en": Path(source), other: Path(reference)}
+
+
 def test_lines(path: Path) -> list[str]:
-    lines = read_segments(path) if path.suffix == ".sgm" else read_lines(path)
-    return [" ".join(line.split()) for line in lines]  # sacrebleu's clean-up of SGM segments
+    """Segments of a test file: SGM through sacrebleu's reader, text (sacrebleu's own conversion or a plain
+    ``newstestYEAR.LANG``) with sacrebleu's whitespace clean-up."""
+    if path.suffix == ".sgm":
+        return read_segments(path)
+    return [" ".join(line.split()) for line in read_lines(path)]
 
 
 def raw_files(args) -> tuple[dict[str, tuple[Path, Path]], dict[int, dict[str, Path]]]:
@@ -167,18 +192,14 @@ def raw_files(args) -> tuple[dict[str, tuple[Path, Path]], dict[int, dict[str, P
         for url in dict.fromkeys(c.url for c in corpora):
             name = url.rsplit("/", 1)[1]
             extract(TAG, download(TAG, url, root / "archives" / name), root / name.split(".")[0])
-        from sacrebleu.dataset import DATASETS
-
-        for year in args.fetch_years:
-            dataset = DATASETS[TESTS[year][0]]
-            for url, md5 in zip(dataset.data, dataset.md5, strict=True):
-                archive = download(TAG, url, root / "archives" / f"{year}-{url.rsplit('/', 1)[1]}", md5=md5)
-                extract(TAG, archive, root / f"newstest{year}")
     train = {c.stem: tuple(find_corpus_file(root, c.stem, lang) for lang in args.langs) for c in corpora}
     tests = {}
     for year in args.fetch_years:
-        files = test_metadata(year)[f"en-{args.other}"]
-        tests[year] = {lang: find_test_file(root, year, files[i], lang) for i, lang in enumerate(args.langs)}
+        if args.raw_dir is None:
+            tests[year] = sacrebleu_test_files(year, args.other)
+        else:
+            files = test_metadata(year)[f"en-{args.other}"]
+            tests[year] = {lang: find_test_file(root, year, files[i], lang) for i, lang in enumerate(args.langs)}
     log(TAG, "counting lines of the training corpora")
     expected = {c.stem: c.lines for c in corpora} if args.verify_counts else None
     counts = check_parallel(train, expected)  # type: ignore[arg-type]
@@ -195,9 +216,12 @@ def raw_files(args) -> tuple[dict[str, tuple[Path, Path]], dict[int, dict[str, P
 
 def main(argv=None):
     args = parse_args(argv)
+    start(TAG, args.work_dir, args.dest_dir)
     train, tests = raw_files(args)
     settings = {"corpus": f"wmt14_en_{args.other}", "bpe_merges": args.bpe_merges, "years": args.years}
-    check_output(args.dest_dir, settings)
+    # the work directory serves both directions, the output one: its settings name the direction
+    output_settings = {**settings, "direction": f"{args.src}-{args.tgt}"}
+    check_output(args.dest_dir, output_settings)
     check_settings(args.work_dir, settings, ["tok", "bpe"])
     langs = args.langs
     names = [f"newstest{y}" for y in args.fetch_years]
@@ -265,7 +289,7 @@ def main(argv=None):
             "segmentation": "bpe", "detokenizer": "moses", "lowercase": False,
             "beam": 4, "lenpen": 0.6, "compound_split": args.tgt == "de",
             "tests": sorted(entries, key=lambda e: e["name"]),
-            "averages": {span: [f"newstest{y}" for y in args.years]} if others else {}, "settings": settings,
+            "averages": {span: [f"newstest{y}" for y in args.years]} if others else {}, "settings": output_settings,
         })  # fmt: skip
 
     step(TAG, f"binarize {args.src}->{args.tgt}", args.dest_dir, build)

@@ -8,9 +8,11 @@ which the fairseq wheel does not install).
 
 Checkpoints are read with torch's default weights-only loading: importing ``fairseq_plugins`` first allows
 exactly the types fairseq checkpoints hold (fairseq_plugins/checkpoint_safety.py), nothing else. The output
-is the newest input with its model parameters replaced by the mean (accumulated in float64, written in each
-parameter's own dtype), so fairseq-generate and resuming read it like any checkpoint. All inputs must hold
-the same parameter names and shapes.
+is the newest input with its model parameters replaced by the mean, accumulated in float64 and written back
+in the models' own dtype: a model trained with --fp16 saves fp16 parameters and its average stays fp16 (half
+the size, what fairseq-generate --fp16 loads), an fp32 model's stays fp32 (fairseq's own script writes fp32
+for fp16 inputs). fairseq-generate and resuming read it like any checkpoint. All inputs must hold the same
+parameter names, shapes and dtypes.
 """
 
 import argparse
@@ -40,25 +42,27 @@ def last_checkpoints(directory: Path, n: int, kind: str, upper_bound: int | None
 
 
 def average(paths: list[Path]) -> dict:
-    """The first checkpoint's state with the mean of all the checkpoints' model parameters."""
+    """The first checkpoint's state with the mean of all the checkpoints' model parameters, in their dtype."""
     state, sums, reference = None, {}, None
     for path in paths:
         loaded = torch.load(path, map_location="cpu")  # weights_only stays torch's default (True)
         model = loaded["model"]
-        shapes = {k: tuple(v.shape) for k, v in model.items()}
+        layout = {k: (tuple(v.shape), v.dtype) for k, v in model.items()}
         if reference is None:
-            state, reference = loaded, shapes
-        elif shapes != reference:
-            differ = sorted(set(shapes).symmetric_difference(reference)) or [
-                k for k in shapes if shapes[k] != reference[k]
-            ]
+            state, reference = loaded, layout
+        elif layout != reference:
+            differ = sorted(set(layout).symmetric_difference(reference)) or [
+                f"{k} {layout[k][0]} {layout[k][1]} vs {reference[k][0]} {reference[k][1]}"
+                for k in layout if layout[k] != reference[k]
+            ]  # fmt: skip
             raise SystemExit(f"error: {path} does not match {paths[0]}: {', '.join(differ[:5])}")
         for key, value in model.items():
-            sums[key] = sums.get(key, 0) + value.to(torch.float64)
+            if value.is_floating_point():
+                sums[key] = sums.get(key, 0) + value.to(torch.float64)
     assert state is not None
     state["model"] = {
-        key: (total / len(paths)).to(value.dtype) if value.is_floating_point() else value
-        for (key, total), value in zip(sums.items(), state["model"].values(), strict=True)
+        key: (sums[key] / len(paths)).to(value.dtype) if value.is_floating_point() else value
+        for key, value in state["model"].items()
     }
     return state
 
@@ -94,7 +98,8 @@ def main(argv=None):
     args.output.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, tmp)
     os.replace(tmp, args.output)
-    print(f"[average] wrote {args.output}", flush=True)
+    dtypes = sorted({str(v.dtype).replace("torch.", "") for v in state["model"].values() if v.is_floating_point()})
+    print(f"[average] wrote {args.output} ({', '.join(dtypes)})", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+#!/usr/bin/env python
+"""fairseq-train as one rank of a torchrun launch (train_recipe.py starts it; so do the distributed tests).
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK for each process it starts. fairseq's own detection of them
+(``fairseq.distributed.utils._infer_torch_distributed_launch_init``, fairseq 0.12.3) divides the rank by the
+CUDA device count, which fails on CPU, and is skipped altogether when ``--distributed-world-size`` keeps its
+CPU default of 1. So this passes them explicitly, as ``--distributed-init-method env:// --distributed-rank
+RANK --device-id LOCAL_RANK --distributed-no-spawn``, and refuses a world size that differs from the one the
+command was planned for (that would change the tokens per update).
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/training/fairseq_rank.py DATA ...
+"""
+
+import os
+import sys
+
+
+def rank_arguments(argv: list[str], env) -> list[str]:
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in env]
+    if missing:
+        raise SystemExit(f"[fairseq_rank] error: {', '.join(missing)} not set: start this with torchrun")
+    world = env["WORLD_SIZE"]
+    planned = argv[len(argv) - 1 - argv[::-1].index("--distributed-world-size") + 1] if "--distributed-world-size" in argv else None
+    if planned != world:
+        raise SystemExit(f"[fairseq_rank] error: torchrun started WORLD_SIZE={world} processes but the command was "
+                         f"planned for --distributed-world-size {planned}: the tokens per update would change")  # fmt: skip
+    return [*argv, "--distributed-init-method", "env://", "--distributed-rank", env["RANK"],
+            "--device-id", env["LOCAL_RANK"], "--distributed-no-spawn"]  # fmt: skip
+
+
+def main() -> None:
+    sys.argv = [sys.argv[0], *rank_arguments(sys.argv[1:], os.environ)]
+    from fairseq_cli.train import cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
