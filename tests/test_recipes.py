@@ -2,9 +2,8 @@
 
 Each preparation pipeline runs end to end and produces binarized data fairseq reads; the training and
 evaluation recipes run for a few updates on tiny models (WMT: fp16 on CPU, the ResiDual downscale, checkpoint
-averaging, the newstest2010-2016 average); bad inputs
-stop a recipe with a clear message before anything is written. No network: every recipe gets its local
-directory. ``RECIPE_TESTS=fast`` skips the slow tests (about 2 of the file's 3 minutes)."""
+averaging, the newstest2010-2016 average); bad inputs stop a recipe with a clear message before anything is
+written. No network: every recipe gets its local directory. The main job's test is in test_study.py. ``RECIPE_TESTS=fast`` skips the slow tests (about 2 of the file's 3 minutes)."""
 
 import gzip
 import json

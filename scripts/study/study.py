@@ -211,8 +211,9 @@ def prepare_data(args, logs: Path) -> Path:
     settings = {"corpus": "multi30k", "languages": sorted((args.src, args.tgt)), "vocab_size": args.vocab_size,
                 "train_lines": args.train_lines}  # fmt: skip
     if (dest / "recipe.json").is_file():
-        old = json.loads((dest / "recipe.json").read_text(encoding="utf-8")).get("settings")
-        if old == settings:
+        old = json.loads((dest / "recipe.json").read_text(encoding="utf-8")).get("settings") or {}
+        # prepare_multi30k.py may record more than these (e.g. the direction): these must match
+        if all(old.get(key) == value for key, value in settings.items()):
             return dest
         raise RecipeError(f"OUT_DIR={args.out_dir}: its data was prepared with {old}, now {settings}; use another "
                           "OUT_DIR or the same TRAIN_LINES, VOCAB_SIZE, SRC and TGT")  # fmt: skip

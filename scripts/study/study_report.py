@@ -80,8 +80,10 @@ def summarize(results: dict[Run, dict], archs: list[str], variants: list[str], c
             row = {"arch": arch, "variant": variant, "lr": choices[(arch, variant)]["lr"],
                    "warmup": choices[(arch, variant)]["warmup"], "seeds": [run.seed for run, _ in runs],
                    "parameters": runs[0][1]["parameters"], "tuned": len(choices[(arch, variant)]["candidates"]) > 1}  # fmt: skip
-            for key in ("bleu", "chrf", "valid_loss", "updates", "seconds"):
-                row[key], row[key + "_std"] = mean_std([r[key] for _, r in runs])
+            # row keys as scripts/analysis/compare.py reads a results.json's "models" (train_seconds, updates)
+            for key, name in (("bleu", "bleu"), ("chrf", "chrf"), ("valid_loss", "valid_loss"), ("updates", "updates"),
+                              ("seconds", "train_seconds")):  # fmt: skip
+                row[name], row[name + "_std"] = mean_std([r[key] for _, r in runs])
             times, p_values = [], []
             for run, r in runs:
                 base = baseline.get(run.seed)
@@ -139,8 +141,8 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
             reach = (f"{r['reach_updates']:.0f} upd, {r['reach_seconds'] / 60:.1f} min" if r["reached"] else "not reached")
             if 0 < r["reached"] < r["compared"]:
                 reach += f" ({r['reached']}/{r['compared']} seeds)"
-        minutes = None if r["seconds"] is None else r["seconds"] / 60
-        minutes_std = None if r["seconds_std"] is None else r["seconds_std"] / 60
+        minutes = None if r["train_seconds"] is None else r["train_seconds"] / 60
+        minutes_std = None if r["train_seconds_std"] is None else r["train_seconds_std"] / 60
         lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
                      f"{r['warmup'] if r['variant'] == 'warmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
                      f"{_fmt(r['bleu'], r['bleu_std'])} | {_fmt(r['chrf'], r['chrf_std'])} | "
