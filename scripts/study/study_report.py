@@ -195,10 +195,13 @@ def reading(rows: list[dict], budget_text: str) -> str:
                 found = [p for p in r["p_values"] if p]
                 if found:
                     worst = max(p["bleu_p"] for p in found)
-                    better = r["bleu"] > base["bleu"]
-                    desc += (f"; its BLEU is {'above' if better else 'below'} {base['arch']}'s "
-                             + (f"significantly (paired bootstrap p <= {worst:.3f} in every seed)" if worst < P_SIGNIFICANT
-                                else f"but not significantly (p = {worst:.3f})"))  # fmt: skip
+                    diff = r["bleu"] - base["bleu"]
+                    if abs(diff) < 0.1:  # a p-value says nothing about a difference too small to matter
+                        desc += f"; its BLEU is level with {base['arch']}'s (difference {diff:+.2f})"
+                    else:
+                        desc += (f"; its BLEU is {'above' if diff > 0 else 'below'} {base['arch']}'s "
+                                 + (f"significantly (paired bootstrap p <= {worst:.3f} in every seed)"
+                                    if worst < P_SIGNIFICANT else f"but not significantly (p = {worst:.3f})"))  # fmt: skip
             if r is not base and r["compared"]:
                 desc += (f"; it reached {base['arch']}'s final valid loss after {r['reach_updates']:.0f} updates"
                          if r["reached"] == r["compared"] else f"; it did not reach {base['arch']}'s final valid loss"
