@@ -44,6 +44,18 @@ def check_int(name: str, value, low: int, high: int) -> int:
     return as_int
 
 
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` as bool (a bool, or true/false/1/0/yes/no in any case), else raise naming ``--name``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise PluginOptionError(f"{_flag(name)} must be true or false, got {value!r}")
+
+
 def check_choice(name: str, value, choices: Iterable[str]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise naming ``--name`` and the choices."""
     choices = list(choices)

@@ -11,16 +11,13 @@ import sys
 
 import pytest
 
-from fairseq_plugins.models import PRESETS
-
-from .helpers import REPO, TINY, run, train_log
+from .helpers import REPO, TINY, run, train_log, trained_families
 
 sys.path[:0] = [str(REPO / "scripts" / "training")]
 
 import train_recipe
 
-# the plugin's families; the baselines are fairseq's own transformer, which the plugin does not touch
-FAMILIES = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS and p.model != "transformer"})
+FAMILIES = trained_families()
 UPDATES = 4
 FULL_RECIPE_FAMILY = "residual"
 # no dropout: each rank draws its own masks, so only a deterministic model can match exactly; a short

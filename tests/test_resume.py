@@ -4,12 +4,9 @@ same logged losses and bit-identical parameters after the last update (same seed
 import pytest
 import torch
 
-from fairseq_plugins.models import PRESETS
+from .helpers import family_train_args, run, train_command, train_log, trained_families
 
-from .helpers import family_train_args, run, train_command, train_log
-
-# the plugin's families; the baselines are fairseq's own transformer, which the plugin does not touch
-FAMILIES = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS and p.model != "transformer"})
+FAMILIES = trained_families()
 
 
 def train(corpus_bin, save_dir, arch, max_update):

@@ -1,5 +1,14 @@
 """Models and named architectures. fairseq's ``--user-dir`` also imports every file here by itself;
 importing them explicitly makes ``import fairseq_plugins`` register everything too (the Python API)."""
 
-from . import baselines, crossformer, dca_transformer, residual_transformer  # noqa: F401
+from . import (  # noqa: F401
+    baselines,
+    crossformer,
+    dca_transformer,
+    depth_aggregation_transformer,
+    hc_transformer,
+    laurel_transformer,
+    norm_baselines,
+    residual_transformer,
+)
 from .presets import DEPTHS, PRESETS, WIDTHS  # noqa: F401

@@ -31,8 +31,10 @@ from torch import Tensor
 from ..modules.cross_layer_guidance import (
     BLOCKS,
     NORMS,
+    TiedLinear,
     guidance_loss,
     guidance_pairs,
+    materialise_tied_projections,
     tie_pairs,
     tied_parameter_count,
 )
@@ -42,6 +44,7 @@ from ..validation import (
     check_choice,
     check_choice_list,
 )
+from .layer_pruning import SIDES, check_layers_to_keep, kept_layers
 from .presets import WIDTHS, register_family, register_preset
 
 ALL_BLOCKS = "all"
@@ -58,6 +61,38 @@ def check_guidance(name: str, value) -> str:
 
 def guided_blocks(guidance: str) -> tuple[str, ...]:
     return BLOCKS if guidance == ALL_BLOCKS else tuple(guidance.split(","))
+
+
+def layer_ids_attr(side: str) -> str:
+    return f"guidance_{side}_layer_ids"
+
+
+def recorded_layer_ids(args, side: str) -> list[int] | None:
+    """The original layer numbers of a pruned stack, as recorded in the model's args (None: not pruned)."""
+    value = getattr(args, layer_ids_attr(side), None)
+    return [int(i) for i in value.split(",")] if value else None
+
+
+def record_pruned_layer_ids(args) -> None:
+    """Before fairseq builds a pruned model: record which original layer each kept layer is.
+
+    The record (``args.guidance_{side}_layer_ids``, e.g. ``"0,2"``) is saved with the model's args in every
+    checkpoint, so a model trained or saved after pruning is rebuilt with the same pairs, and pruning it
+    again composes (the kept layers of the kept layers). fairseq itself resets ``*_layers_to_keep`` once it
+    has pruned a loaded checkpoint, so the layer numbers alone would be lost.
+    """
+    for side in SIDES:
+        layers = getattr(args, f"{side}_layers")
+        ids = recorded_layer_ids(args, side) or list(range(layers))
+        if len(ids) != layers:
+            raise PluginOptionError(
+                f"{layer_ids_attr(side)} (set by layer pruning) lists {len(ids)} layers but the model has "
+                f"{layers} {side} layers"
+            )
+        keep = kept_layers(args, side)
+        if keep is not None:
+            ids = [ids[k] for k in keep]
+            setattr(args, layer_ids_attr(side), ",".join(map(str, ids)))
 
 
 class _CrossformerModel(TransformerModel):
@@ -78,13 +113,21 @@ class _CrossformerModel(TransformerModel):
     @classmethod
     def check_args(cls, args) -> None:
         args.guidance = check_guidance("guidance", args.guidance)
+        check_layers_to_keep(args)
+
+    @classmethod
+    def build_model(cls, args, task):
+        cls.check_args(args)
+        record_pruned_layer_ids(args)
+        return super().build_model(args, task)
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
         blocks = guided_blocks(args.guidance)
+        # pairs join layers that were adjacent before any pruning (cross_layer_guidance.guidance_pairs)
         self.guidance_pairs = {
-            "encoder": guidance_pairs(len(encoder.layers), blocks),
-            "decoder": guidance_pairs(len(decoder.layers), blocks),
+            side: guidance_pairs(len(stack.layers), blocks, recorded_layer_ids(args, side))
+            for side, stack in (("encoder", encoder), ("decoder", decoder))
         }
 
 
@@ -111,7 +154,6 @@ class CrossformerSGModel(_CrossformerModel):
     @classmethod
     def build_model(cls, args, task):
         crossformer_sg_architecture(args)
-        cls.check_args(args)
         return super().build_model(args, task)
 
     def guidance_loss(self) -> Tensor:
@@ -149,7 +191,6 @@ class CrossformerHGModel(_CrossformerModel):
     @classmethod
     def build_model(cls, args, task):
         crossformer_hg_architecture(args)
-        cls.check_args(args)
         return super().build_model(args, task)
 
     def __init__(self, args, encoder, decoder):
@@ -158,6 +199,33 @@ class CrossformerHGModel(_CrossformerModel):
         # at a time and get no layer index
         tie_pairs(self.encoder.layers, self.guidance_pairs["encoder"])
         tie_pairs(self.decoder.layers, self.guidance_pairs["decoder"])
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """fairseq's parameters, each shared one once under its owner's name and at its owner's place.
+
+        ``TiedLinear`` registers the owner's Parameters too (for TorchScript), which would put a shared
+        Parameter at the lower layer's place in ``parameters()``: a different order than checkpoints saved
+        before, whose optimizer states (Adam moments, matched to parameters by position) would then be
+        loaded onto other tensors of the same shape. Skipping the aliases keeps the order and names.
+        """
+        aliases = {f"{prefix}.{n}" if prefix else n for n, m in self.named_modules() if isinstance(m, TiedLinear)}
+        seen = set()
+        for name, param in super().named_parameters(prefix, recurse, remove_duplicate=False):
+            if name.rpartition(".")[0] in aliases or (remove_duplicate and id(param) in seen):
+                continue
+            seen.add(id(param))
+            yield name, param
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Give tied lower projections their own entries before fairseq prunes layers (``prune_state_dict``
+        runs right after this): each kept layer then loads exactly the weights it was trained with, and
+        ``TiedLinear`` drops the entries again wherever this model still ties them. Old checkpoints (each
+        shared weight saved once, under its owner) and new ones have the same format.
+        """
+        super().upgrade_state_dict_named(state_dict, name)
+        blocks = guided_blocks(self.args.guidance)
+        for side in SIDES:
+            materialise_tied_projections(state_dict, f"{name}.{side}" if name else side, blocks)
 
 
 def expected_tied_parameter_saving(args) -> int:

@@ -11,6 +11,12 @@ loops are copied here once, with three hooks a family overrides:
 
 With the defaults (no carry, final LayerNorm if present) the loops compute exactly what fairseq's do.
 Families whose layers only change *inside* a layer (Crossformer) do not need this module.
+
+TorchScript (``torch.jit.script`` of the model or of fairseq's ``SequenceGenerator``) compiles the loop
+with the family's hooks. A family opts in with ``torchscript = True`` once its hooks compile (annotate
+``layer`` with the layer class and call ``layer.forward`` under ``torch.jit.is_scripting()``; TorchScript
+cannot call a module passed as an argument); until then scripting stops at once with
+``TorchScriptUnsupportedError`` naming the class, instead of a compiler error deep inside the hooks.
 """
 
 from typing import Any
@@ -20,6 +26,22 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+
+
+class TorchScriptUnsupportedError(RuntimeError):
+    """``torch.jit.script`` was asked to compile a model whose layer loop is not scriptable."""
+
+
+def _refuse_unless_scriptable(module: torch.nn.Module) -> torch.nn.Module:
+    """``__prepare_scriptable__``: torch.jit.script calls it on every module before compiling."""
+    if not module.torchscript:
+        raise TorchScriptUnsupportedError(
+            f"{type(module).__name__} cannot be exported with TorchScript (torch.jit.script): its layer loop "
+            "threads state through hooks TorchScript cannot compile. Translate with the eager model "
+            "(fairseq-generate, fairseq-interactive, from_pretrained); see the README, 'Layer pruning and "
+            "TorchScript'"
+        )
+    return module
 
 
 def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
@@ -34,6 +56,9 @@ def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
 
 class LayerStackEncoder(TransformerEncoderBase):
     """A fairseq encoder whose layer loop threads a family-specific ``carry`` between layers."""
+
+    torchscript = False  # a family sets True once its hooks compile (module docstring)
+    __prepare_scriptable__ = _refuse_unless_scriptable
 
     def begin_layers(self, x: Tensor) -> Any:
         """Return the initial carry from the embedding output x: (src_len, batch, embed_dim)."""
@@ -97,6 +122,9 @@ class LayerStackDecoder(TransformerDecoderBase):
     In incremental decoding the loop sees only the newest target position, so a carry that is computed
     position by position (as both ResiDual's and DCA's are) needs no cache of its own.
     """
+
+    torchscript = False
+    __prepare_scriptable__ = _refuse_unless_scriptable
 
     def begin_layers(self, x: Tensor) -> Any:
         """Return the initial carry from the embedding output x: (tgt_len, batch, embed_dim)."""

@@ -5,12 +5,14 @@ The equations, the authors' choices this follows and the FP16 scale are document
 (base width) and ``residual_iwslt_*`` (the paper's IWSLT width), from the preset table.
 """
 
+import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerModel,
     base_architecture,
 )
+from torch import Tensor
 
 from ..modules.dual_residual import (
     DualResidualStream,
@@ -18,11 +20,14 @@ from ..modules.dual_residual import (
     ResiDualEncoderLayer,
 )
 from ..validation import PluginOptionError, argparse_type, check_float
+from .layer_pruning import check_layers_to_keep
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from .presets import register_family
 
 
 class ResiDualEncoder(LayerStackEncoder):
+    torchscript = True
+
     def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float):
         super().__init__(cfg, dictionary, embed_tokens)
         self.dual_stream = DualResidualStream(
@@ -35,8 +40,12 @@ class ResiDualEncoder(LayerStackEncoder):
     def begin_layers(self, x):
         return self.dual_stream.start(x)
 
-    def run_layer(self, idx, layer, x, dual, padding_mask):
-        x, branch_sum = layer(x, encoder_padding_mask=padding_mask)
+    def run_layer(self, idx: int, layer: ResiDualEncoderLayer, x, dual, padding_mask: Tensor | None):
+        # TorchScript can pass a layer to a method only with its class named, and call it only by .forward
+        if torch.jit.is_scripting():
+            x, branch_sum = layer.forward(x, encoder_padding_mask=padding_mask)
+        else:
+            x, branch_sum = layer(x, encoder_padding_mask=padding_mask)
         return x, self.dual_stream.add(dual, branch_sum)
 
     def end_layers(self, x, dual):
@@ -44,6 +53,8 @@ class ResiDualEncoder(LayerStackEncoder):
 
 
 class ResiDualDecoder(LayerStackDecoder):
+    torchscript = True
+
     def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.dual_stream = DualResidualStream(
@@ -56,18 +67,29 @@ class ResiDualDecoder(LayerStackDecoder):
     def begin_layers(self, x):
         return self.dual_stream.start(x)
 
-    def run_layer(self, idx, layer, x, dual, encoder_out, encoder_padding_mask, incremental_state,
-                  self_attn_mask, self_attn_padding_mask, need_attn):
-        x, branch_sum, attn, _ = layer(
-            x,
-            encoder_out,
-            encoder_padding_mask,
-            incremental_state,
-            self_attn_mask=self_attn_mask,
-            self_attn_padding_mask=self_attn_padding_mask,
-            need_attn=need_attn,
-            need_head_weights=need_attn,
-        )
+    def run_layer(
+        self,
+        idx: int,
+        layer: ResiDualDecoderLayer,
+        x,
+        dual,
+        encoder_out: Tensor | None,
+        encoder_padding_mask: Tensor | None,
+        incremental_state: dict[str, dict[str, Tensor | None]] | None,
+        self_attn_mask: Tensor | None,
+        self_attn_padding_mask: Tensor | None,
+        need_attn: bool,
+    ):
+        if torch.jit.is_scripting():  # see ResiDualEncoder.run_layer
+            x, branch_sum, attn, _ = layer.forward(
+                x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+            )  # fmt: skip
+        else:
+            x, branch_sum, attn, _ = layer(
+                x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+            )  # fmt: skip
         return x, self.dual_stream.add(dual, branch_sum), attn
 
     def end_layers(self, x, dual):
@@ -77,6 +99,7 @@ class ResiDualDecoder(LayerStackDecoder):
 def check_residual_args(args) -> None:
     """Reject options that contradict ResiDual, naming them (see README, "Options and their checks")."""
     args.dual_residual_scale = check_float("dual_residual_scale", args.dual_residual_scale, 0.0, 1.0, True)
+    check_layers_to_keep(args)
     for side in ("encoder", "decoder"):
         if getattr(args, f"{side}_normalize_before", False):
             raise PluginOptionError(

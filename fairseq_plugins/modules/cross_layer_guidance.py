@@ -30,8 +30,16 @@ Interpretations (the paper leaves these open):
 - Only self-attention is guided. The decoder's cross-attention (eq. 8) keeps its own projections: its keys
   and values project the encoder output, not the decoder state that layer t+1's queries see, and the
   paper's per-block accounting (12 d_m^2 = attention, fusion, FFN) has no cross-attention term.
+- Layer pruning (fairseq's ``--encoder-layers-to-keep``, LayerDrop's inference-time pruning; not in the
+  paper): a pruned model keeps, for every kept layer, exactly the weights it was trained with. Two kept
+  layers stay paired (tied, or regularized) only if they were adjacent before pruning, with the pair's
+  projections chosen by the parity of the original t; a lower projection whose partner was pruned becomes
+  the layer's own projection, holding the shared weights it was trained with.
 """
 
+import functools
+import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -56,15 +64,28 @@ class GuidancePair:
     upper: str
 
 
-def guidance_pairs(num_layers: int, blocks: Iterable[str]) -> list[GuidancePair]:
-    """The pairs of eq. 3, 5 and 6 for a stack of ``num_layers`` layers and the chosen ``blocks``."""
+def guidance_pairs(
+    num_layers: int, blocks: Iterable[str], layer_ids: Sequence[int] | None = None
+) -> list[GuidancePair]:
+    """The pairs of eq. 3, 5 and 6 for a stack of ``num_layers`` layers and the chosen ``blocks``.
+
+    ``layer_ids`` (0-based, increasing) names the layer of the original stack that each layer is, after
+    layer pruning (``--encoder-layers-to-keep``); default: the stack is not pruned, ``0 .. num_layers-1``.
+    A pair joins two kept layers only if they were adjacent in the original stack, and eq. 5 and 6 pick
+    its projections by the parity of the *original* t; ``GuidancePair.t`` is the position in this stack.
+    """
     blocks = set(blocks)
     unknown = blocks - set(BLOCKS)
     if unknown:
         raise ValueError(f"unknown guidance blocks {sorted(unknown)}; choose from {', '.join(BLOCKS)}")
+    ids = list(range(num_layers)) if layer_ids is None else list(layer_ids)
+    if len(ids) != num_layers or any(b <= a for a, b in itertools.pairwise(ids)):
+        raise ValueError(f"layer_ids must be {num_layers} increasing layer numbers, got {ids}")
     pairs = []
     for t in range(1, num_layers):
-        odd = t % 2 == 1
+        if ids[t] != ids[t - 1] + 1:  # a pruned layer lay between them: no pair
+            continue
+        odd = (ids[t - 1] + 1) % 2 == 1
         if "key-query" in blocks:
             pairs.append(GuidancePair("key-query", t, "self_attn.k_proj", "self_attn.q_proj"))
         if "ffn" in blocks:
@@ -107,30 +128,24 @@ def guidance_loss(layers: Sequence[nn.Module], pairs: Iterable[GuidancePair], no
 class TiedLinear(nn.Module):
     """A linear projection that computes with another layer's ``nn.Linear`` parameters (hard guidance).
 
-    It owns no parameters: the owner (the projection of layer t+1) is held outside nn.Module's registry,
-    so the shared weight and bias are one Parameter that appears once in ``parameters()``, the optimizer
-    and ``state_dict()``, under the owner's name; loading a state dict therefore keeps the tie, and
-    ``.half()``/``.to()`` convert it once, through the owner. Only the ``nn.Linear`` is shared, never the
-    attention module, whose incremental-decoding cache is keyed per module.
-    ``weight``/``bias`` are exposed because fairseq's attention passes them to
-    ``F.multi_head_attention_forward`` directly.
+    Its ``weight`` and ``bias`` are the owner's (the projection of layer t+1) ``nn.Parameter`` objects,
+    registered under both modules, as fairseq ties its output projection to the embedding: one Parameter,
+    once in ``parameters()`` (which removes duplicates), hence once in the optimizer, fp16 flat buffers and
+    DDP's reduction; its gradient is the sum of both layers' (autograd accumulates both uses in place).
+    ``.half()``/``.to()`` convert it in place, so the tie survives. A plain registered Parameter (no Python
+    property) is what TorchScript can compile. Only the ``nn.Linear`` is shared, never the attention
+    module, whose incremental-decoding cache is keyed per module.
+
+    In ``state_dict()`` the shared values appear once, under the owner's name: this module saves nothing.
+    Loading ignores its own name unless the checkpoint holds a value there that differs from the owner's
+    (the checkpoint trained the two separately): that is an error (``tie_pairs``' load hook), never a
+    silent choice of one of them.
     """
 
     def __init__(self, owner: nn.Linear):
         super().__init__()
-        self._owner = (owner,)  # a tuple, so nn.Module does not register it as a submodule
-
-    @property
-    def owner(self) -> nn.Linear:
-        return self._owner[0]
-
-    @property
-    def weight(self) -> Tensor:
-        return self.owner.weight
-
-    @property
-    def bias(self) -> Tensor | None:
-        return self.owner.bias
+        self.weight = owner.weight
+        self.register_parameter("bias", owner.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -139,12 +154,71 @@ class TiedLinear(nn.Module):
         out_features, in_features = self.weight.shape
         return f"in_features={in_features}, out_features={out_features}, tied"
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        pass  # saved once, by the owner
 
-def tie_pairs(layers: Sequence[nn.Module], pairs: Iterable[GuidancePair]) -> None:
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        # loaded once, through the owner; an entry of its own was checked against the owner's by the layer
+        # stack (``tie_pairs``' hook), which sees both
+        for name in ("weight", "bias"):
+            state_dict.pop(prefix + name, None)
+
+
+def _check_tied_entries(pairs: list[GuidancePair], state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs) -> None:  # fmt: skip
+    """Load pre-hook of a tied layer stack: an entry saved under a tied lower projection (a re-materialised or
+    a pruned checkpoint's) must equal its owner's; it is then dropped, since the owner loads the value."""
+    for pair in pairs:
+        for name in ("weight", "bias"):
+            own = f"{prefix}{pair.t - 1}.{pair.lower}.{name}"
+            owner = f"{prefix}{pair.t}.{pair.upper}.{name}"
+            value = state_dict.pop(own, None)
+            if value is not None and owner in state_dict and not torch.equal(value, state_dict[owner]):
+                error_msgs.append(
+                    f"{own} is tied to {owner} in this model (hard guidance), but the checkpoint holds two "
+                    "different values: it was trained with other ties, e.g. saved from a pruned model "
+                    "(--encoder/decoder-layers-to-keep) whose record of kept layers "
+                    "(guidance_encoder/decoder_layer_ids in its args) is missing here"
+                )
+
+
+# lower projection -> its partner in the layer above, for every pair eq. 3, 5 and 6 can form
+PARTNERS = {
+    "key-query": {"self_attn.k_proj": "self_attn.q_proj"},
+    "ffn": {"fc1": "fc1", "fc2": "fc2"},
+    "value": {"self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.out_proj"},
+}
+
+
+def materialise_tied_projections(state_dict: dict, stack_prefix: str, blocks: Iterable[str]) -> None:
+    """Give every tied lower projection of a hard-guided checkpoint its own entries, in place.
+
+    A ``crossformer_hg`` checkpoint saves each shared Parameter once, under the owner (layer t+1); the lower
+    layer t has no entry. Layer pruning renumbers and drops layers by their keys (fairseq's
+    ``prune_state_dict``), so a kept layer whose partner is dropped would lose the weights it was trained
+    with. Before pruning, each missing ``{stack_prefix}.layers.{i}.{lower}`` therefore becomes an alias of
+    ``...layers.{i+1}.{upper}``. No layer structure is needed: a projection is in at most one pair, and a
+    lower projection's only possible partner is the same projection (W_Q for W_K) of the layer just above,
+    so a missing lower entry with a present partner can only mean that tie. Tensors are shared, not copied.
+    """
+    pattern = re.compile(rf"{re.escape(stack_prefix)}\.layers\.(\d+)\.")
+    layers = sorted({int(m.group(1)) for key in state_dict if (m := pattern.match(key))})
+    for block in blocks:
+        for lower, upper in PARTNERS[block].items():
+            for i in layers:
+                for name in ("weight", "bias"):
+                    own = f"{stack_prefix}.layers.{i}.{lower}.{name}"
+                    partner = f"{stack_prefix}.layers.{i + 1}.{upper}.{name}"
+                    if own not in state_dict and partner in state_dict:
+                        state_dict[own] = state_dict[partner]
+
+
+def tie_pairs(layers: nn.ModuleList, pairs: Iterable[GuidancePair]) -> None:
     """Hard guidance: replace each pair's lower projection by a ``TiedLinear`` of the upper one.
 
     The lower layer's own initial weights are discarded; the shared ones start from layer t+1's.
     """
+    pairs = list(pairs)
     for pair in pairs:
         lower, upper = projections(layers, pair)
         if lower.weight.shape != upper.weight.shape:
@@ -152,6 +226,8 @@ def tie_pairs(layers: Sequence[nn.Module], pairs: Iterable[GuidancePair]) -> Non
         parent_path, _, name = pair.lower.rpartition(".")
         parent = layers[pair.t - 1].get_submodule(parent_path) if parent_path else layers[pair.t - 1]
         setattr(parent, name, TiedLinear(upper))
+    # on the stack, not the TiedLinear: torch hands each module only the state entries under its own prefix
+    layers._register_load_state_dict_pre_hook(functools.partial(_check_tied_entries, pairs))
 
 
 def tied_parameter_count(pairs: Iterable[GuidancePair], embed_dim: int, ffn_dim: int, bias: bool = True) -> int:

@@ -19,6 +19,7 @@ epsilon and the model output does not change, while x^d stays s times smaller. T
 their fp16 OPUS-100 runs.
 """
 
+import types
 
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import (
@@ -57,22 +58,43 @@ class DualResidualStream(nn.Module):
         return x + self.layer_norm(dual)
 
 
+def _alias(function, name: str):
+    """A copy of ``function`` named ``name``: TorchScript compiles a method by its function's ``__name__``, so
+    a plain alias of fairseq's ``forward`` would clash with the subclass's own ``forward``."""
+    alias = types.FunctionType(
+        function.__code__, function.__globals__, name, function.__defaults__, function.__closure__
+    )
+    alias.__kwdefaults__, alias.__annotations__ = function.__kwdefaults__, dict(function.__annotations__)
+    alias.__qualname__ = function.__qualname__.rpartition(".")[0] + "." + name
+    return alias
+
+
 class _BranchSum:
     """Collect the sub-block outputs that fairseq's layer passes to ``residual_connection``.
 
     fairseq calls ``residual_connection(dropout(f_k(x)), x)`` once per sub-block, so overriding that hook
     gives every f_k without copying the layer's forward. The sum lives only for one forward call and is
     returned from it, so activation checkpointing recomputes it like any other output.
+
+    TorchScript: the sum is a typed module attribute set in ``__init__`` (a scripted method can only assign
+    attributes that exist), and fairseq's forward is reached as ``self.post_ln_forward``, an alias of the
+    base class's ``forward`` (TorchScript cannot compile ``super()``).
     """
 
-    _branch_sum: Tensor | None = None
+    _branch_sum: Tensor | None
+
+    def _init_branch_sum(self) -> None:
+        self._branch_sum = None
 
     def residual_connection(self, x, residual):
-        self._branch_sum = x if self._branch_sum is None else self._branch_sum + x
+        branch_sum = self._branch_sum
+        self._branch_sum = x if branch_sum is None else branch_sum + x
         return residual + x
 
     def _take_branch_sum(self) -> Tensor:
-        branch_sum, self._branch_sum = self._branch_sum, None
+        branch_sum = self._branch_sum
+        self._branch_sum = None
+        assert branch_sum is not None
         return branch_sum
 
 
@@ -83,9 +105,16 @@ class ResiDualEncoderLayer(_BranchSum, TransformerEncoderLayerBase):
         (x, branch_sum), both of shape `(seq_len, batch, embed_dim)`.
     """
 
+    _branch_sum: Tensor | None  # TorchScript reads attribute types from the class's own annotations
+    post_ln_forward = _alias(TransformerEncoderLayerBase.forward, "post_ln_forward")
+
+    def __init__(self, cfg, return_fc: bool = False):
+        super().__init__(cfg, return_fc)
+        self._init_branch_sum()
+
     def forward(self, x, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         self._branch_sum = None
-        x = super().forward(x, encoder_padding_mask, attn_mask)
+        x = self.post_ln_forward(x, encoder_padding_mask, attn_mask)
         return x, self._take_branch_sum()
 
 
@@ -96,7 +125,30 @@ class ResiDualDecoderLayer(_BranchSum, TransformerDecoderLayerBase):
         (x, branch_sum, attn, self_attn_state): fairseq's outputs with branch_sum second.
     """
 
-    def forward(self, x, *args, **kwargs):
+    _branch_sum: Tensor | None
+    post_ln_forward = _alias(TransformerDecoderLayerBase.forward, "post_ln_forward")
+
+    def __init__(self, cfg, no_encoder_attn: bool = False, add_bias_kv: bool = False, add_zero_attn: bool = False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        self._init_branch_sum()
+
+    # fairseq 0.12.3 TransformerDecoderLayerBase.forward's signature, spelled out for TorchScript
+    def forward(
+        self,
+        x,
+        encoder_out: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        incremental_state: dict[str, dict[str, Tensor | None]] | None = None,
+        prev_self_attn_state: list[Tensor] | None = None,
+        prev_attn_state: list[Tensor] | None = None,
+        self_attn_mask: Tensor | None = None,
+        self_attn_padding_mask: Tensor | None = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
         self._branch_sum = None
-        x, attn, self_attn_state = super().forward(x, *args, **kwargs)
+        x, attn, self_attn_state = self.post_ln_forward(
+            x, encoder_out, encoder_padding_mask, incremental_state, prev_self_attn_state, prev_attn_state,
+            self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights,
+        )  # fmt: skip
         return x, self._take_branch_sum(), attn, self_attn_state
