@@ -2,9 +2,8 @@
 
 Each preparation pipeline runs end to end and produces binarized data fairseq reads; the training and
 evaluation recipes run for a few updates on tiny models (WMT: fp16 on CPU, the ResiDual downscale, checkpoint
-averaging, the newstest2010-2016 average); the main job runs its three steps with tiny models; bad inputs
-stop a recipe with a clear message before anything is written. No network: every recipe gets its local
-directory. ``RECIPE_TESTS=fast`` skips the slow tests (about 2 of the file's 3 minutes)."""
+averaging, the newstest2010-2016 average); bad inputs stop a recipe with a clear message before anything is
+written. No network: every recipe gets its local directory. The main job's test is in test_study.py. ``RECIPE_TESTS=fast`` skips the slow tests (about 2 of the file's 3 minutes)."""
 
 import gzip
 import json
@@ -370,27 +369,3 @@ def test_wmt14_prepare_train_average_evaluate(tmp_path):
     assert "compound splitting" in results["signatures"]["tokenized_bleu"]
     hyps = (tmp_path / "eval" / "hyps" / "newstest2014.de").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 6 and not any("@@" in h for h in hyps)
-
-
-@slow
-def test_main_job_end_to_end_on_multi30k_fixtures(tmp_path):
-    fx.make_multi30k(tmp_path / "raw")
-    env = {"MULTI30K_DIR": str(tmp_path / "raw"), "VERIFY_COUNTS": "0", "OUT_DIR": str(tmp_path / "out"),
-           "MAX_UPDATE": "3", "TRAIN_MINUTES": "2", "MODEL_ARGS": " ".join(TRAIN_EXTRA)}  # fmt: skip
-    # a step that fails (too many pieces for this corpus) leaves no finished-looking output ...
-    work = tmp_path / "out" / "data" / "multi30k_de_en"
-    failed = recipe("prepare_multi30k.sh", env={**env, "VOCAB_SIZE": "5000", "WORK_DIR": str(work),
-                                                 "DEST_DIR": str(tmp_path / "out" / "data-bin" / "x")}, check=False)  # fmt: skip
-    assert_fails(failed, "Vocabulary size too high")
-    assert (work / "settings.json").exists() and not (tmp_path / "out" / "data-bin").exists()
-    assert sorted(p.name for p in work.iterdir()) == ["settings.json"]
-    # ... and the main job, with other settings, starts cleanly in the same work directory
-    proc = recipe("main_job.sh", env={**env, "VOCAB_SIZE": "100"})
-    assert "step 3/3: evaluation" in proc.stdout
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    rows = {r["arch"]: r for r in results["models"]}
-    assert set(rows) == {"residual_iwslt_e6d6", "transformer_preln_iwslt_e6d6"}
-    for r in rows.values():
-        assert r["sentences"] == 13 and r["num_updates"] == 3 and r["parameters"] > 0 and 0 <= r["bleu"] <= 100
-    table = (tmp_path / "out" / "results.md").read_text()
-    assert "| residual_iwslt_e6d6 |" in table and "sacreBLEU signature" in table and table in proc.stdout

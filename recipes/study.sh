@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# A study: a grid of architectures x seeds (x set-up variants) on Multi30k (or any prepared dataset), equal
+# budget, learning curves, sacrebleu BLEU/chrF with paired bootstrap against the first architecture, plots.
+# Resumable: run the same command again after an interruption. See scripts/study/study.py.
+# Usage: bash recipes/study.sh [more options of scripts/study/study.py] [-- fairseq-train options for every run]
+# Environment (defaults in brackets; each is also an option of the script, e.g. ARCHS = --archs):
+#   ARCHS         [transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12]
+#                 the first is the baseline of the comparisons
+#   SEEDS [1 2]   VARIANTS [warmup] (warmup, nowarmup)   LRS [1e-3], WARMUPS [400]: choose per model on valid loss
+#   MAX_UPDATE [1000] updates per run, or TRAIN_MINUTES [0] training minutes per run (MAX_UPDATE then caps)
+#   MODEL_ARGS    [width 128: --encoder-embed-dim 128 ...]; '' keeps the presets' width
+#   MULTI30K_DIR  a local Multi30k copy (no download)      DATA_BIN  a prepared dataset instead
+#   TRAIN_LINES [0: all]   VOCAB_SIZE [8000]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
+#   JOBS [cores] runs side by side   THREADS [cores / JOBS]   VALID_EVERY [MAX_UPDATE / 8]   BOOTSTRAP [1000]
+#   OUT_DIR       [work_dirs/study]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# main_job.sh runs this file with its own entry point (the main job is a small study)
+script="${STUDY_SCRIPT:-$root/scripts/study/study.py}"
+export STUDY_COMMAND="${STUDY_COMMAND:-bash recipes/study.sh${*:+ $*}}"
+args=()
+opt() { if [ -n "${!1+set}" ]; then args+=("$2" "${!1}"); fi; }
+# MODEL_ARGS may be '' on purpose (preset width): any set variable counts; the others only when not empty
+opt MODEL_ARGS --model-args
+for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-update TRAIN_MINUTES:--train-minutes \
+            LRS:--lrs WARMUPS:--warmups MAX_TOKENS:--max-tokens VALID_EVERY:--valid-every JOBS:--jobs \
+            THREADS:--threads BOOTSTRAP:--bootstrap MULTI30K_DIR:--raw-dir DATA_BIN:--data-bin \
+            TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir; do
+  name="${pair%%:*}"
+  if [ -n "${!name:-}" ]; then args+=("${pair#*:}" "${!name}"); fi
+done
+verify="$(bool_var VERIFY_COUNTS 1)"
+if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
+exec "$py" "$script" "${args[@]}" "$@"

@@ -1,0 +1,260 @@
+"""The pieces of a study (scripts/study/study.py): the runs of a grid, their fairseq-train commands, their
+learning curves read back from fairseq's JSON logs, and the machine they ran on.
+
+A run is one (architecture, set-up variant, learning rate, warm-up, seed). Every run of a study gets the same
+fairseq-train command except ``--arch`` and these four, so differences come from the architecture (or the
+variant being compared). The set-up is the CPU-scale one measured on Multi30k (issue 14): Adam (0.9, 0.98),
+peak lr 1e-3, dropout 0.1, label smoothing 0.1, weight decay 1e-4, no gradient clipping, 4,096 tokens per
+update, all embeddings shared. It is built here, not taken from scripts/training/train_recipe.py, so a
+study's numbers do not move when a recipe's defaults do; the exact command of every run is in results.json.
+
+Set-up variants (``--variants``):
+
+- ``warmup``: fairseq's ``inverse_sqrt``, the lr rising linearly from 1e-7 to the peak over the warm-up
+  updates, then falling as 1/sqrt(update) (Vaswani et al.; ResiDual's tables 9-11).
+- ``nowarmup``: ``polynomial_decay`` with power 1 and ``--warmup-updates 0``: the peak lr from the first
+  update, decaying linearly to 0 at the last update of the budget (``--total-num-update`` = MAX_UPDATE).
+  Why not ``inverse_sqrt`` without warm-up: with 0 warm-up updates fairseq's ``inverse_sqrt`` sets the lr
+  to 0 (its decay factor is lr * sqrt(warm-up)), and with 1 it decays as 1e-3/sqrt(update), 4e-5 by update
+  700, so no model trains and the comparison says nothing about warm-up (measured: E6D6 width 128 left
+  Post-LN, Pre-LN and ResiDual all at valid loss 7.3-7.6). Linear decay from the peak keeps the lr high, which
+  is what "no warm-up" must test (the large early steps warm-up exists to avoid), and it is the other
+  schedule shape of ResiDual's table 8. It needs an update budget (MAX_UPDATE) to know where the decay ends.
+"""
+
+import json
+import os
+import platform
+import re
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2]):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from recipe_common import (  # noqa: F401  (re-exported for study.py)
+    PLUGIN_DIR,
+    REPO,
+    RecipeError,
+    atomic_path,
+    fairseq_module,
+    log,
+    read_lines,
+    read_manifest,
+    run_main,
+    write_json,
+)
+
+VARIANTS = ("warmup", "nowarmup")
+GUIDANCE_CRITERION = "label_smoothed_cross_entropy_with_guidance"
+ATTEMPT = "=== study: attempt "  # the line study.py writes into a run's log before each (re)start
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of a study shares (see the module docstring for where the numbers come from)."""
+
+    lr: float = 1e-3
+    warmup: int = 400
+    dropout: float = 0.1
+    max_tokens: int = 4096
+    weight_decay: float = 1e-4
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    adam_betas: str = "(0.9, 0.98)"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Equal for every run: ``max_update`` updates, or ``minutes`` of training time (fairseq's
+    ``--stop-time-hours``, which counts the training time of earlier attempts too), whichever comes first."""
+
+    max_update: int = 0
+    minutes: float = 0.0
+
+    def describe(self) -> str:
+        if self.minutes:
+            cap = f" (at most {self.max_update} updates)" if self.max_update else ""
+            return f"{self.minutes:g} minutes of training each{cap}"
+        return f"{self.max_update} updates each"
+
+
+@dataclass(frozen=True)
+class Run:
+    arch: str
+    variant: str
+    lr: float
+    warmup: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arch}.{self.variant}.lr{self.lr:g}.wu{self.warmup}.s{self.seed}"
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return self.arch, self.variant
+
+
+def check_archs(archs: list[str], variable: str) -> None:
+    """Every architecture must be registered with fairseq once the plugin is imported."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    import fairseq_plugins  # noqa: F401  (registers the plugin's architectures)
+
+    unknown = [a for a in archs if a not in ARCH_MODEL_NAME_REGISTRY]
+    if unknown:
+        from fairseq_plugins.models import PRESETS
+
+        families = sorted({p.family for p in PRESETS.values()})
+        raise RecipeError(f"{variable}: unknown architecture(s) {', '.join(unknown)}; the plugin's families are "
+                          f"{', '.join(f + '_*' for f in families)} (e.g. residual_iwslt_e12d12)")  # fmt: skip
+
+
+def criterion_args(arch: str) -> list[str]:
+    from fairseq_plugins.models import PRESETS
+
+    family = PRESETS[arch].family if arch in PRESETS else ""
+    if family == "crossformer_sg":  # soft guidance is a loss term: its criterion, the paper's alpha
+        return ["--criterion", GUIDANCE_CRITERION, "--guidance-weight", "0.01"]
+    return ["--criterion", "label_smoothed_cross_entropy"]
+
+
+def schedule_args(run: Run, budget: Budget) -> list[str]:
+    if run.variant == "nowarmup":
+        return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "0", "--power", "1",
+                "--end-learning-rate", "0", "--total-num-update", str(budget.max_update)]  # fmt: skip
+    return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(run.warmup), "--warmup-init-lr", "1e-07"]
+
+
+def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: dict, save_dir: Path,
+                  valid_every: int, model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
+    """fairseq-train for one run; ``model_args`` and ``extra`` come last, so they override the set-up."""
+    log_every = max(1, min(50, valid_every // 2))
+    cmd = fairseq_module("train") + [
+        data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", "translation",
+        "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
+        "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", setup.adam_betas,
+        "--lr", repr(run.lr), *schedule_args(run, budget), "--clip-norm", repr(setup.clip_norm),
+        "--weight-decay", repr(setup.weight_decay), "--dropout", repr(setup.dropout),
+        "--label-smoothing", repr(setup.label_smoothing), *criterion_args(run.arch),
+        "--max-tokens", str(setup.max_tokens), "--seed", str(run.seed), "--cpu", "--num-workers", "0",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(valid_every),
+        "--keep-interval-updates", "1", "--validate-interval-updates", str(valid_every),
+        "--log-format", "json", "--log-interval", str(log_every), "--no-progress-bar",
+    ]  # fmt: skip
+    if budget.max_update:
+        cmd += ["--max-update", str(budget.max_update)]
+    if budget.minutes:
+        cmd += ["--stop-time-hours", repr(budget.minutes / 60)]
+    return [str(c) for c in cmd + model_args + extra]
+
+
+# ------------------------------------------------------------------------------------------ curves
+
+
+_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^|]*\| INFO \| (train_inner|valid) \| (\{.*\})\s*$")
+_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def read_curves(log_file: Path) -> dict:
+    """Learning curves from a run's log (fairseq-train's stdout with ``--log-format json``, every attempt).
+
+    Returns ``{"train": [(updates, seconds, loss)], "valid": [...], "parameters": int | None, "attempts": n}``.
+    Seconds are training wall time from the start of the first attempt: fairseq start-up included, each
+    resumed attempt continuing from the time of the last record at or before the update it restarted from
+    (the work an interruption threw away is not counted). Records of an interrupted attempt beyond the
+    update the next attempt resumed from are dropped: the resumed run replaces them.
+    """
+    train: list[tuple[int, float, float]] = []
+    valid: list[tuple[int, float, float]] = []
+    parameters, attempts = None, 0
+    start, offset, resumed = None, 0.0, False
+    if not log_file.is_file():
+        return {"train": train, "valid": valid, "parameters": None, "attempts": 0}
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith(ATTEMPT):
+            attempts += 1
+            start, resumed = float(line.split()[-1]), True
+            continue
+        match = _PARAMS.search(line)
+        if match:
+            parameters = int(match.group(1).replace(",", ""))
+            continue
+        match = _RECORD.match(line)
+        if not match or start is None:
+            continue
+        stamp, kind, payload = match.groups()
+        record = json.loads(payload)
+        updates = int(record["num_updates" if kind == "train_inner" else "valid_num_updates"])
+        loss = float(record["loss" if kind == "train_inner" else "valid_loss"])
+        if resumed:  # the first record of an attempt: forget what the interrupted one did beyond it
+            resumed = False
+            first = updates - (1 if kind == "train_inner" else 0)
+            train[:] = [r for r in train if r[0] <= first]
+            valid[:] = [r for r in valid if r[0] <= first]
+            offset = max([r[1] for r in train + valid if r[0] <= first], default=0.0)
+        seconds = round(offset + _seconds(stamp) - start, 1)
+        (train if kind == "train_inner" else valid).append((updates, seconds, loss))
+    return {"train": train, "valid": valid, "parameters": parameters, "attempts": attempts}
+
+
+def attempt_line(number: int, now: float) -> str:
+    """The marker read_curves uses to separate attempts; ``now`` is a Unix time (the attempt's start)."""
+    return f"{ATTEMPT}{number} started at {now:.0f}\n"
+
+
+def reached(valid: list[tuple[int, float, float]], target: float) -> tuple[int, float] | None:
+    """(updates, seconds) of the first validation with loss <= target, or None."""
+    for updates, seconds, loss in valid:
+        if loss <= target:
+            return updates, seconds
+    return None
+
+
+# ----------------------------------------------------------------------------------------- machine
+
+
+def machine() -> dict:
+    """What ran the study: CPU model, cores, torch and fairseq versions, Python, OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import fairseq
+    import sacrebleu
+    import torch
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "fairseq": fairseq.__version__,
+            "sacrebleu": sacrebleu.__version__, "python": platform.python_version(), "os": platform.platform()}  # fmt: skip
+
+
+def describe_machine(info: dict) -> str:
+    return (f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, fairseq {info['fairseq']}, "
+            f"sacrebleu {info['sacrebleu']}, Python {info['python']}")  # fmt: skip
+
+
+def command_line(env_vars: tuple[str, ...]) -> str:
+    """The command as the user gave it: the variables they set and the script with its arguments."""
+    prefix = [f"{name}={shlex.quote(os.environ[name])}" for name in env_vars if os.environ.get(name) is not None]
+    script = os.environ.get("STUDY_COMMAND") or " ".join(
+        [Path(sys.argv[0]).resolve().relative_to(REPO).as_posix(), *map(shlex.quote, sys.argv[1:])]
+    )
+    return " ".join([*prefix, script])
+
+
+def as_dict(obj) -> dict:
+    return asdict(obj)
