@@ -316,8 +316,8 @@ def test_torchscript_export_is_refused_with_a_clear_error():
     "Unknown type annotation: GRN"."""
     model = build_model("dca_k2_e6d6", DEPTH)
     for scriptable in (model, SequenceGenerator([model], model.decoder.dictionary, beam_size=2)):
-        with pytest.raises(RuntimeError, match=r"DeepCrossAttention .* cannot be compiled with torch.jit.script: "
-                           r"its GRNs and depth stack run hand-written torch.autograd.Function"):
+        with pytest.raises(RuntimeError, match=r"cannot be exported with TorchScript \(torch.jit.script\): "
+                           r"DeepCrossAttention's GRNs and depth stack run hand-written torch.autograd.Function"):
             torch.jit.script(scriptable)
 
 

@@ -186,6 +186,11 @@ class _DCAStack:
     to the hook, see FAIRSEQ_NOTES).
     """
 
+    torchscript_unsupported_reason = (
+        "DeepCrossAttention's GRNs and depth stack run hand-written torch.autograd.Function subclasses, its layers "
+        "take the stack as a variable number of chunks and its layer loop carries a Python DepthStack"
+    )
+
     def _init_dca(self, mode: str, k: int, num_layers: int) -> None:
         self.dca_mode, self.dca_k, self._dca_layers_built = mode, effective_k(k, num_layers), 0
 

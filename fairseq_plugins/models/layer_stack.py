@@ -36,8 +36,8 @@ def _refuse_unless_scriptable(module: torch.nn.Module) -> torch.nn.Module:
     """``__prepare_scriptable__``: torch.jit.script calls it on every module before compiling."""
     if not module.torchscript:
         raise TorchScriptUnsupportedError(
-            f"{type(module).__name__} cannot be exported with TorchScript (torch.jit.script): its layer loop "
-            "threads state through hooks TorchScript cannot compile. Translate with the eager model "
+            f"{type(module).__name__} cannot be exported with TorchScript (torch.jit.script): "
+            f"{module.torchscript_unsupported_reason}. Translate with the eager model "
             "(fairseq-generate, fairseq-interactive, from_pretrained); see the README, 'Layer pruning and "
             "TorchScript'"
         )
@@ -58,6 +58,7 @@ class LayerStackEncoder(TransformerEncoderBase):
     """A fairseq encoder whose layer loop threads a family-specific ``carry`` between layers."""
 
     torchscript = False  # a family sets True once its hooks compile (module docstring)
+    torchscript_unsupported_reason = "its layer loop threads state through hooks TorchScript cannot compile"
     __prepare_scriptable__ = _refuse_unless_scriptable
 
     def begin_layers(self, x: Tensor) -> Any:
@@ -124,6 +125,7 @@ class LayerStackDecoder(TransformerDecoderBase):
     """
 
     torchscript = False
+    torchscript_unsupported_reason = "its layer loop threads state through hooks TorchScript cannot compile"
     __prepare_scriptable__ = _refuse_unless_scriptable
 
     def begin_layers(self, x: Tensor) -> Any:
