@@ -6,7 +6,7 @@
 # Usage: bash recipes/main_job.sh [more options] [-- fairseq-train options for every run]
 # Environment: those of recipes/study.sh, with the main job's defaults:
 #   ARCHS [transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12]
-#   SEEDS [1]   MAX_UPDATE [240]   MODEL_ARGS [width 128]   JOBS [every run at once]   OUT_DIR [work_dirs/main_job]
+#   SEEDS [1]   MAX_UPDATE [180]   MODEL_ARGS [width 128]   JOBS [every run at once]   OUT_DIR [work_dirs/main_job]
 #   MULTI30K_DIR  a local Multi30k copy (no download)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
