@@ -4,11 +4,12 @@ In-process: learning curves from fairseq's JSON logs (also across a resume), the
 loss, the grid, the schedules of the variants, option errors naming the variable, the reading's wording.
 End to end on the Multi30k fixtures with tiny models: a 2-architecture x 2-seed grid interrupted (test hook
 STUDY_INTERRUPT_AT) and restarted finishes without retraining what was done and continues the interrupted run
-from its checkpoint; the main job prints a compact console, a table, a plot path and a reading.
+from its checkpoint; its records alone (no checkpoints or data, as committed) are reused, under its set-up only; the main job prints a compact console, a table, a plot path and a reading.
 """
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -158,6 +159,20 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     for png in ("curves.png", "bleu.png"):
         assert (tmp_path / "out" / png).stat().st_size > 1000
     assert not list(runs.glob("*/checkpoints/checkpoint_*_*.pt"))  # interval checkpoints go once evaluated
+    assert "![learning curves](curves.png)" in md  # relative: a copied or committed study stays readable
+
+    # a study's records without checkpoints, data or logs (as committed under docs/study) are reused as they are
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "out", copy, ignore=shutil.ignore_patterns("checkpoints", "data", "data-bin", "logs"))
+    third = recipe("study.sh", {**env, "OUT_DIR": str(copy)})
+    for name, mtime in done.items():
+        assert study_common.read_curves(copy / "runs" / name / "train.log")["attempts"] == 1
+    again = json.loads((copy / "results.json").read_text())
+    assert [r["bleu"] for r in again["runs"]] == [r["bleu"] for r in results["runs"]], third.stdout[-2000:]
+    # ... but not under another set-up: the run names do not carry the budget
+    other = recipe("study.sh", {**env, "OUT_DIR": str(copy), "MAX_UPDATE": "5"}, check=False)
+    assert other.returncode == 1 and "--max-update 4 before, 5 now" in other.stderr, other.stderr[-2000:]
+    assert f"OUT_DIR (--out-dir)={copy} holds run" in other.stderr
 
 
 @slow

@@ -53,6 +53,7 @@ from study_common import (
     as_dict,
     attempt_line,
     check_archs,
+    command_differences,
     command_line,
     describe_machine,
     log,
@@ -321,6 +322,8 @@ class Study:
     def execute(self, tuning: list[Run], later: list[Run]) -> list[Run]:
         """Train and evaluate every run; returns the runs of the study (tuning and chosen)."""
         pending_train = [r for r in tuning if not self.is_done(r) and not self._finished_before(r)]
+        for run in tuning:
+            self._check_reusable(run)
         skipped = len(tuning) - len(pending_train)
         resolved: dict[Run, Run] = {}
         total = len(tuning) + len(later)
@@ -330,6 +333,7 @@ class Study:
                 if run not in resolved and (target := self.resolve(run, choices)) is not None:
                     resolved[run] = target
                     if self.is_done(target) or self._finished_before(target):
+                        self._check_reusable(target)
                         skipped += 1
                     else:
                         pending_train.append(target)
@@ -351,6 +355,22 @@ class Study:
                 self._progress(all_runs, total, skipped, final=True)
                 return all_runs
             time.sleep(0.5 if self.hook else 2.0)
+
+    def _check_reusable(self, run: Run) -> None:
+        """A finished run is reused only if it was trained by the command this study would run now.
+
+        Run names carry the architecture, variant, lr, warm-up and seed, not the budget, width or batch: without
+        this check, the same OUT_DIR with another MAX_UPDATE or MODEL_ARGS would silently mix two set-ups.
+        """
+        stored = self.run_dir(run) / "command.json"
+        if not self.is_done(run) or not stored.is_file():
+            return
+        now = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, self.run_dir(run) / "checkpoints",
+                            self.args.valid_every, self.args.model_arg_list, list(self.args.extra))  # fmt: skip
+        differences = command_differences(json.loads(stored.read_text(encoding="utf-8"))["command"], now)
+        if differences:
+            raise RecipeError(f"OUT_DIR (--out-dir)={self.args.out_dir} holds run {run.name}, finished under another "
+                              f"set-up ({'; '.join(differences)}): use a new OUT_DIR, or the settings it was made with")  # fmt: skip
 
     def _finished_before(self, run: Run) -> bool:
         """A run whose fairseq-train ended normally but was stopped before DONE.json: marked done now.
@@ -519,6 +539,14 @@ def _minutes(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
+def _shown(path: Path) -> str:
+    """A path inside the repository relative to it, so a committed study names no machine's directories."""
+    try:
+        return str(path.resolve().relative_to(REPO.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -552,7 +580,7 @@ def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info
         "archs": args.arch_list, "command": command_line(ENV_VARS), "machine_text": describe_machine(info),
         "started": started, "total_minutes": (time.time() - study.start) / 60,
         "data_text": f"{manifest.get('dataset', data.name)} {manifest['source_lang']}->{manifest['target_lang']} "
-                     f"(`{data}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
+                     f"(`{_shown(data)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
         "budget_text": budget_text, "jobs": args.jobs, "threads": args.threads,
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, Adam {args.setup.adam_betas}, peak lr "
                       f"{'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout {args.setup.dropout}, label smoothing "
@@ -569,7 +597,7 @@ def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info
         "command": context["command"], "machine": info, "started": started,
         "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
         "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
-        "setup": as_dict(args.setup), "settings": settings, "data": str(data), "test_set": study.test_set["name"],
+        "setup": as_dict(args.setup), "settings": settings, "data": _shown(data), "test_set": study.test_set["name"],
         "models": rows, "reading": context["reading"],
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
         "runs": [{**as_dict(run), "name": run.name, "command": json.loads((study.run_dir(run) / "command.json").read_text())["command"],

@@ -153,6 +153,36 @@ def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: 
     return [str(c) for c in cmd + model_args + extra]
 
 
+# fairseq-train options whose values name this machine's places, not the set-up of a run
+_PLACES = ("--save-dir", "--user-dir")
+
+
+def _options(cmd: list[str]) -> dict[str, tuple[str, ...]]:
+    """A fairseq-train command as option -> values, without the interpreter, the data path and the places."""
+    tokens = cmd[cmd.index("fairseq_cli.train") + 2 :] if "fairseq_cli.train" in cmd else cmd
+    options: dict[str, tuple[str, ...]] = {}
+    name, values = None, []
+    for token in [*tokens, "--"]:
+        if token.startswith("--"):
+            if name is not None and name not in _PLACES:
+                options[name] = tuple(values)  # the last occurrence wins, as in argparse
+            name, values = token, []
+        else:
+            values.append(token)
+    return options
+
+
+def command_differences(before: list[str], now: list[str]) -> list[str]:
+    """How two fairseq-train commands differ in what they train (not where they run), readably."""
+    old, new = _options(before), _options(now)
+    differences = []
+    for name in dict.fromkeys([*old, *new]):
+        if old.get(name) != new.get(name):
+            shown = [" ".join(v[name]) if name in v else "absent" for v in (old, new)]
+            differences.append(f"{name} {shown[0] or '(set)'} before, {shown[1] or '(set)'} now")
+    return differences
+
+
 # ------------------------------------------------------------------------------------------ curves
 
 

@@ -17,6 +17,7 @@ loss, results.md, the plots, and a reading of the numbers in words.
 
 import math
 import statistics
+from pathlib import Path
 
 from study_common import Run, reached
 
@@ -162,7 +163,9 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
                 mark = "yes" if (c["lr"], c["warmup"]) == (choice["lr"], choice["warmup"]) else ""
                 lines.append(f"| {arch} | {variant} | {c['lr']:g} | {c['warmup']} | {_fmt(c['valid_loss'], None, 3)} | {mark} |")
         lines.append("")
-    lines += ["## Plots", "", f"- learning curves: `{context['curves_png']}`", f"- BLEU: `{context['bleu_png']}`", "",
+    # the plots sit beside results.md: relative links keep a copied or committed study folder readable
+    lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",
+              f"![BLEU]({Path(context['bleu_png']).name})", "",
               f"sacreBLEU signature: `{context['signature']}`", "", "## Reading", "", context["reading"], ""]  # fmt: skip
     return "\n".join(lines)
 
