@@ -13,6 +13,7 @@
 #   TRAIN_LINES [0: all]   VOCAB_SIZE [8000]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
 #   JOBS [cores] runs side by side   THREADS [cores / JOBS]   VALID_EVERY [MAX_UPDATE / 8]   BOOTSTRAP [1000]
 #   OUT_DIR       [work_dirs/study]
+#   REPORT_ONLY [0]  1: train nothing, report the runs finished so far (the report lists the missing ones)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # main_job.sh runs this file with its own entry point (the main job is a small study)
@@ -31,4 +32,6 @@ for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-upd
 done
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
+report_only="$(bool_var REPORT_ONLY 0)"
+if [ "$report_only" = 1 ]; then args+=(--report-only); fi
 exec "$py" "$script" "${args[@]}" "$@"

@@ -169,6 +169,17 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
         assert study_common.read_curves(copy / "runs" / name / "train.log")["attempts"] == 1
     again = json.loads((copy / "results.json").read_text())
     assert [r["bleu"] for r in again["runs"]] == [r["bleu"] for r in results["runs"]], third.stdout[-2000:]
+    # a partial grid (the baseline's seed 2 missing) reports what finished, pairing only seeds with a baseline
+    partial = tmp_path / "partial"
+    shutil.copytree(copy, partial, ignore=shutil.ignore_patterns("transformer_preln_e6d6.*.s2", "data", "data-bin"))
+    recipe("study.sh", {**env, "OUT_DIR": str(partial), "REPORT_ONLY": "1"})
+    report = json.loads((partial / "results.json").read_text())
+    assert report["report_only"] and [m.split(".")[0] for m in report["missing"]] == ["transformer_preln_e6d6"]
+    rows = {r["arch"]: r for r in report["models"]}
+    assert rows["transformer_preln_e6d6"]["seeds"] == [1] and rows["residual_e6d6"]["seeds"] == [1, 2]
+    assert rows["residual_e6d6"]["p_values"][0] is not None and rows["residual_e6d6"]["p_values"][1] is None
+    assert report["reading"].startswith("Partial report, 3 of 4 runs")
+    assert "**Partial**" in (partial / "results.md").read_text() and not list((partial / "runs").glob("*/checkpoints"))
     # ... but not under another set-up: the run names do not carry the budget
     other = recipe("study.sh", {**env, "OUT_DIR": str(copy), "MAX_UPDATE": "5"}, check=False)
     assert other.returncode == 1 and "--max-update 4 before, 5 now" in other.stderr, other.stderr[-2000:]

@@ -126,6 +126,8 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--tgt", default="en", help="TGT: target language (default en)")
     p.add_argument("--no-verify-counts", dest="verify_counts", action="store_false",
                    help="VERIFY_COUNTS=0: accept a Multi30k copy whose line counts differ from the published ones")
+    p.add_argument("--report-only", action="store_true",
+                   help="REPORT_ONLY=1: train nothing; report the runs finished so far and list the missing ones")
     p.add_argument("--out-dir", type=Path, default=d.out_dir, help=f"OUT_DIR: everything goes here (default {d.out_dir})")
     args = p.parse_args(own)
     args.extra = extra
@@ -356,6 +358,16 @@ class Study:
                 return all_runs
             time.sleep(0.5 if self.hook else 2.0)
 
+    def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
+        """(finished and evaluated runs, the others) of the grid, for a report without training (REPORT_ONLY)."""
+        choices = self._choices(tuning)
+        runs = tuning + [target for run in later if (target := self.resolve(run, choices)) is not None]
+        runs += [run for run in later if self.resolve(run, choices) is None]  # unresolved: missing
+        done = [run for run in runs if self.is_done(run) and self.is_evaluated(run)]
+        for run in done:
+            self._check_reusable(run)
+        return done, [run for run in runs if run not in done]
+
     def _check_reusable(self, run: Run) -> None:
         """A finished run is reused only if it was trained by the command this study would run now.
 
@@ -551,7 +563,8 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info: dict, started: str) -> dict:
+def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info: dict, started: str,
+           missing: list[Run] = ()) -> dict:  # fmt: skip
     """results.json, results.md, curves.png, bleu.png; returns the context (with the reading) for the console."""
     results = {run: study.result(run) for run in runs}
     choices = study_report.choose_settings(results, args.seed_list[0])
@@ -561,6 +574,8 @@ def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info
             for run, r in results.items():
                 if run.group == (arch, variant) and study_report._chosen(run, choices):
                     by_seed.setdefault((variant, run.seed), []).append((arch, r["hyps"]))
+    # a seed whose baseline run is missing (a partial report) has nothing to be paired with
+    by_seed = {key: systems for key, systems in by_seed.items() if systems[0][0] == args.arch_list[0]}
     references = read_lines(data / study.test_set["reference"])
     tests = study_report.paired_tests(by_seed, references, args.bootstrap) if args.bootstrap else {}
     rows = study_report.summarize(results, args.arch_list, args.variant_list, choices, tests)
@@ -590,7 +605,8 @@ def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info
         "test_set": study.test_set["name"], "sentences": any_result["sentences"], "beam": any_result["beam"],
         "bootstrap": args.bootstrap, "signature": any_result["signature"],
         "curves_png": str(curves_png), "bleu_png": str(bleu_png),
-        "reading": study_report.reading(rows, budget_text),
+        "reading": study_report.reading(rows, budget_text, missing=len(missing), total=len(runs) + len(missing)),
+        "missing": [run.name for run in missing], "report_only": args.report_only,
     }  # fmt: skip
     (out / "results.md").write_text(study_report.markdown(rows, choices, context), encoding="utf-8")
     write_json(out / "results.json", {
@@ -598,7 +614,7 @@ def report(args, study: Study, runs: list[Run], data: Path, manifest: dict, info
         "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
         "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
         "setup": as_dict(args.setup), "settings": settings, "data": _shown(data), "test_set": study.test_set["name"],
-        "models": rows, "reading": context["reading"],
+        "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
         "runs": [{**as_dict(run), "name": run.name, "command": json.loads((study.run_dir(run) / "command.json").read_text())["command"],
                   **{k: v for k, v in r.items() if k not in ("hyps",)}} for run, r in results.items()],
@@ -637,6 +653,15 @@ def main(argv=None, defaults: Defaults | None = None):
     manifest = read_manifest(data)
     info = machine()
     study = Study(args, data, manifest)
+    if args.report_only:
+        runs, missing = study.finished_runs(tuning, later)
+        if not runs:
+            raise RecipeError(f"REPORT_ONLY (--report-only): no run in OUT_DIR (--out-dir)={out} has finished and been "
+                              "evaluated yet")  # fmt: skip
+        log(tag, f"report only: {len(runs)} of {n_runs} runs finished" + (f"; missing {', '.join(r.name for r in missing)}" if missing else ""))
+        context = report(args, study, runs, data, manifest, info, started, missing)
+        print(f"\n{console_table(context['rows'])}\n\ntables: {out / 'results.md'}, {out / 'results.json'}", flush=True)
+        return
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         runs = study.execute(tuning, later)

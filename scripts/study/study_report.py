@@ -128,7 +128,9 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
     """results.md: how it was run, the table, the choices, the significance and the plots."""
     lines = [f"# Study: {', '.join(context['archs'])}", "",
              f"Command: `{context['command']}`", "",
-             f"Machine: {context['machine_text']}. Started {context['started']}, {context['total_minutes']:.1f} min in all.", "",
+             f"Machine: {context['machine_text']}. " + (f"Report written {context['started']} without training (REPORT_ONLY): "
+                                                        "each run's training time is in the table." if context.get("report_only")
+                                                        else f"Started {context['started']}, {context['total_minutes']:.1f} min in all."), "",
              (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
              f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Test set "
              f"{context['test_set']} ({context['sentences']} sentences), beam {context['beam']}, "
@@ -149,6 +151,9 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
                      f"{_fmt(r['bleu'], r['bleu_std'])} | {_fmt(r['chrf'], r['chrf_std'])} | "
                      f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
                      f"{_fmt(minutes, minutes_std, 1)} min | {reach} | {_p_text(r['p_values'])} |")  # fmt: skip
+    if context.get("missing"):
+        lines += ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
+                      + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
     lines += ["", ("Mean ± standard deviation over seeds. Valid loss: fairseq's label-smoothed loss (base 2) at the "
               "last validation. p: sacrebleu's paired bootstrap resampling against the first model of the same "
               f"variant ({context['bootstrap']} samples), the largest p over seeds. Train time counts fairseq's "
@@ -170,7 +175,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
     return "\n".join(lines)
 
 
-def reading(rows: list[dict], budget_text: str) -> str:
+def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0) -> str:
     """One paragraph that says what the numbers say, with wording chosen from the numbers themselves."""
     if not rows:
         return "No run finished."
@@ -215,7 +220,9 @@ def reading(rows: list[dict], budget_text: str) -> str:
     caveat = (f" This is {budget_text} with {seeds} seed(s): it shows the early phase of training at this "
               "budget, not converged quality, and with one seed there is no spread to judge noise by." if seeds == 1
               else f" This is {budget_text} with {seeds} seeds; ± is the spread over seeds.")  # fmt: skip
-    return f"After {budget_text}: " + " ".join(parts) + caveat
+    partial = (f"Partial report, {total - missing} of {total} runs: the means are over the seeds each model has "
+               "so far (the seeds column), the significance tests over the seeds its baseline has too. " if missing else "")
+    return partial + f"After {budget_text}: " + " ".join(parts) + caveat
 
 
 def plots(results: dict[Run, dict], rows: list[dict], choices: dict, curves_png, bleu_png) -> None:
