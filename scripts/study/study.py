@@ -361,8 +361,9 @@ class Study:
     def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
         """(finished and evaluated runs, the others) of the grid, for a report without training (REPORT_ONLY)."""
         choices = self._choices(tuning)
-        runs = tuning + [target for run in later if (target := self.resolve(run, choices)) is not None]
-        runs += [run for run in later if self.resolve(run, choices) is None]  # unresolved: missing
+        resolved = {run: self.resolve(run, choices) for run in later}
+        runs = tuning + [target for target in resolved.values() if target is not None]
+        runs += [run for run, target in resolved.items() if target is None]  # unresolved: missing
         done = [run for run in runs if self.is_done(run) and self.is_evaluated(run)]
         for run in done:
             self._check_reusable(run)
