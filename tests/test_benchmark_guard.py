@@ -54,7 +54,7 @@ def _measure(families: list[str]) -> dict:
     return report["results"][0]["families"]
 
 
-def _too_slow(row: dict, family: str = "") -> list[str]:
+def _too_slow(row: dict, family: str) -> list[str]:
     """The metrics on which a family is below its bound by every estimate: the median wall-clock ratio, the
     ratio of best times and the CPU-time ratio (which other processes' load does not inflate)."""
     slow = []
