@@ -149,6 +149,15 @@ def test_parameter_saving_is_the_documented_formula_and_the_papers_accounting(gu
     assert expected_tied_parameter_saving(parse_model_args("crossformer_sg_e36d6")) == 0
 
 
+@pytest.mark.parametrize("guidance", ["ffn", "value"])
+def test_the_variant_presets_tie_their_tables_block_and_the_command_line_wins(guidance):
+    """crossformer_hg_{ffn,value}_*: table 1's other rows by name, as --guidance would build them."""
+    by_name, by_option = build_model(f"crossformer_hg_{guidance}_e6d6"), build_model("crossformer_hg_e6d6", ["--guidance", guidance])
+    assert by_name.args.guidance == guidance
+    assert [p.shape for p in by_name.parameters()] == [p.shape for p in by_option.parameters()]
+    assert build_model(f"crossformer_hg_{guidance}_e6d6", ["--guidance", "key-query"]).args.guidance == "key-query"
+
+
 @pytest.mark.parametrize("norm", ["l1", "l2"])
 def test_regularizer_equals_a_hand_computation(norm):
     model = build_model("crossformer_sg_e6d6", ["--guidance", "all", "--guidance-norm", norm,

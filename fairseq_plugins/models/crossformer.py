@@ -12,7 +12,9 @@ self-attention and FFN (the decoder's cross-attention is neither guided nor tied
 
 Named architectures (presets.py): ``crossformer_sg_e6d6`` ... ``crossformer_sg_e36d6``,
 ``crossformer_hg_*`` and their ``*_iwslt_*`` widths, all with ``--guidance key-query`` unless given
-(the paper's proof of concept and its deep-model setting, table 3); and ``crossformer_all_e16d6``, the
+(the paper's proof of concept and its deep-model setting, table 3); ``crossformer_hg_ffn_*`` and
+``crossformer_hg_value_*``, table 1's other hard-guidance rows (``--guidance ffn`` / ``value``); and
+``crossformer_all_e16d6``, the
 paper's parameter-matched Crossformer-All (table 2: all three blocks hard-guided, base width, "16" layers).
 "16" is read as 16 encoder and 6 decoder layers, like table 3's "36" (36 encoder, 6 decoder), the only
 reading that matches the 6+6 Transformer-base: 60,546,560 vs 60,524,544 parameters for a 32K joint
@@ -277,6 +279,9 @@ def crossformer_hg_architecture(args):
 
 register_family("crossformer_sg", "crossformer_sg", crossformer_sg_architecture)
 register_family("crossformer_hg", "crossformer_hg", crossformer_hg_architecture)
+# Crossformer table 1's other hard-guidance rows, one name each: a study compares them by --arch alone
+register_family("crossformer_hg_ffn", "crossformer_hg", crossformer_hg_architecture, {"guidance": "ffn"})
+register_family("crossformer_hg_value", "crossformer_hg", crossformer_hg_architecture, {"guidance": "value"})
 register_preset(
     "crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""], crossformer_hg_architecture,
     {"guidance": ALL_BLOCKS},
