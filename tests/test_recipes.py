@@ -171,6 +171,27 @@ data_common.run_main("t", lambda: data_common.step("t", "slow", Path({str(tmp_pa
     assert list((tmp_path / "work").iterdir()) == []
 
 
+def test_forked_workers_die_of_sigterm_while_the_parent_keeps_its_handler():
+    # a worker forked with the Python-level handler could lose Pool.terminate's SIGTERM and hang the pool
+    script = f"""
+import multiprocessing, os, signal, sys
+sys.path.insert(0, {str(REPO / "scripts" / "data")!r})
+import data_common
+def disposition(_):
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+data_common.interrupt_on_sigterm()
+handler = signal.getsignal(signal.SIGTERM)
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    children = pool.map(disposition, range(4), chunksize=1)
+for _ in range(20):  # terminate at once, workers possibly still starting: the race that hung a preparation
+    multiprocessing.get_context("fork").Pool(2).terminate()
+print(children, signal.getsignal(signal.SIGTERM) is handler, callable(handler))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[True,", "True,", "True,", "True]", "True", "True"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_averaged_checkpoint_keeps_the_models_dtype(tmp_path, dtype):
     import average_checkpoints

@@ -224,7 +224,6 @@ TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
 class TFixupTransformerModel(_WiredModel):
     """T-Fixup (Huang et al., ICML 2020): no LayerNorm, depth-scaled Xavier init, trained without warm-up."""
 
-
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -285,7 +284,6 @@ B2T_INITS = ("rescaled", "default")
 class B2TTransformerModel(_WiredModel):
     """B2T connection (Takase et al. 2023): Post-LN plus the layer input added to the FFN's sum."""
 
-    family = "b2t"
     torchscript = False  # SiteResidual layers (_WiredModel)
 
     @classmethod

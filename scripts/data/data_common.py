@@ -24,7 +24,9 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import tarfile
+import threading
 import time
 import unicodedata
 import urllib.error
@@ -548,19 +550,40 @@ def remove_stale_temporaries(tag: str, work_dir: Path, *outputs: Path) -> list[P
 def interrupt_on_sigterm() -> None:
     """SIGTERM (a scheduler's or ``kill``'s stop) raises KeyboardInterrupt in this process, as Ctrl-C (SIGINT)
     does: the ``finally`` of every atomic step then removes its temporary output and run_main exits with
-    status 130. Forked worker processes keep the default (they are terminated by their pool)."""
-    import signal
+    status 130.
 
+    Forked pool workers must die of SIGTERM at once (``Pool.terminate`` sends it, then joins them). A worker
+    that inherited this Python-level handler can lose the signal: CPython clears signals that arrive between
+    ``fork`` and its after-fork reset, and the worker then blocks forever on the pool's queue lock (a
+    preparation hung that way once, the pool's ``terminate`` waiting on it). So every fork from the main
+    thread happens with the kernel's default action in place, which the child keeps."""
     owner = os.getpid()
 
     def handler(signum, frame):
-        if os.getpid() != owner:
+        if os.getpid() != owner:  # a child forked from another thread inherited the handler: die as by default
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
+    if not _FORK_HOOKS:
+        _FORK_HOOKS.append(owner)
+        os.register_at_fork(before=_sigterm_default_for_fork, after_in_parent=_sigterm_restore_after_fork)
+
+
+_FORK_HOOKS: list[int] = []  # registered once per process
+_SAVED_SIGTERM: list = []  # the handler set aside while the main thread forks
+
+
+def _sigterm_default_for_fork() -> None:
+    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+        _SAVED_SIGTERM.append(signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
+def _sigterm_restore_after_fork() -> None:
+    if threading.current_thread() is threading.main_thread() and _SAVED_SIGTERM:
+        signal.signal(signal.SIGTERM, _SAVED_SIGTERM.pop())
 
 
 def start(tag: str, work_dir: Path, *outputs: Path) -> None:
