@@ -208,6 +208,25 @@ def test_k_dca_stack_holds_embedding_middle_sum_and_last_k(k):
         torch.testing.assert_close(tensor.grad, grad)
 
 
+@pytest.mark.parametrize("k", [0, 2])
+def test_decoding_stack_keeps_its_middle_sum_in_place_and_one_grn_workspace(k):
+    """Without autograd the middle sum lives in the buffer's extra slot, updated in place, and every GRN of the
+    pass gets the same output tensors: same stack as with autograd, no new tensors per layer."""
+    x, outputs = torch.randn(3, 2, 8), [torch.randn(3, 2, 8) for _ in range(6)]
+    with torch.no_grad():
+        stack = DepthStack(x, 6, k)
+        workspace = stack.grn_out(3)
+        for t, f in enumerate(outputs):
+            stack.push(f)
+            torch.testing.assert_close(torch.cat(stack.chunks()), k_stack([x, *outputs[: t + 1]], k))
+            first, h = stack.grn_out(3)
+            assert first is workspace[0] and h.data_ptr() == workspace[1].data_ptr() and h.shape == (3, 3, 2, 8)
+        assert stack.grn_out(1)[1].shape == (1, 3, 2, 8)
+        if k:
+            assert stack.middle.data_ptr() == stack.buffer[-1].data_ptr()
+    assert DepthStack(x, 6, k).grn_out(3) is None  # with autograd: no shared outputs
+
+
 def test_full_stack_is_read_from_the_buffer_without_copies():
     x = torch.randn(3, 2, 8, requires_grad=True)
     stack = DepthStack(x, 4)

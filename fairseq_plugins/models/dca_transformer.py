@@ -78,11 +78,12 @@ class _ReadsStack:
 
     grn: GRN
 
-    def read_stack(self, chunks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def read_stack(self, chunks: tuple[Tensor, ...], grn_out=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(q_in, query, key, value), each `(seq_len, batch, embed_dim)`: the query's GRN output (the skip
         connection's start) and the self-attention LayerNorm of the three GRN outputs (of the one GRN output
-        in the GRN-vX modes). The GRN outputs themselves are recomputed in backward, not kept (grn.py)."""
-        q_in, h = self.grn(list(chunks), norm=self.self_attn_layer_norm)
+        in the GRN-vX modes). The GRN outputs themselves are recomputed in backward, not kept (grn.py).
+        grn_out: where the GRN may write them when decoding (DepthStack.grn_out)."""
+        q_in, h = self.grn(list(chunks), norm=self.self_attn_layer_norm, out=grn_out)
         query, key, value = h.unbind(0) if h.size(0) == 3 else (h[0], h[0], h[0])
         return q_in, query, key, value
 
@@ -92,6 +93,8 @@ class DCAEncoderLayer(_ReadsStack, TransformerEncoderLayerBase):
 
     Args of forward:
         *chunks: the stack, chunks of shape `(entries, seq_len, batch, embed_dim)` (DepthStack.chunks()).
+        grn_out, out: when decoding, where the GRNs and the layer may write their results (DepthStack.grn_out,
+            DepthStack.next_slot), which saves an allocation and a copy per layer and step; None otherwise.
     Returns:
         f: `(seq_len, batch, embed_dim)`, the sum of the attention and FFN outputs.
     """
@@ -111,10 +114,11 @@ class DCAEncoderLayer(_ReadsStack, TransformerEncoderLayerBase):
 
     # Copied from fairseq 0.12.3 TransformerEncoderLayerBase.forward, Pre-LN branch (queries, keys and values
     # get different inputs, no hook exists for that); changed: the inputs, and the output excludes the input.
-    def forward(self, *chunks: Tensor, encoder_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None):
+    def forward(self, *chunks: Tensor, encoder_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                grn_out=None, out: Tensor | None = None):  # fmt: skip
         if attn_mask is not None:
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if chunks[0].dtype == torch.float32 else -1e4)
-        q_in, query, key, value = self.read_stack(chunks)
+        q_in, query, key, value = self.read_stack(chunks, grn_out)
         a, _ = self.self_attn(
             query=query, key=key, value=value, key_padding_mask=encoder_padding_mask, need_weights=False,
             attn_mask=attn_mask,
@@ -122,7 +126,7 @@ class DCAEncoderLayer(_ReadsStack, TransformerEncoderLayerBase):
         a = self.dropout_module(a)
         x = self.residual_connection(a, q_in)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
-        return a + self.dropout_module(self.fc2(x))
+        return torch.add(a, self.dropout_module(self.fc2(x)), out=out)
 
 
 class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
@@ -153,10 +157,12 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
         self_attn_padding_mask: Tensor | None = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
+        grn_out=None,
+        out: Tensor | None = None,
     ):
         if need_head_weights:
             need_attn = True
-        q_in, query, key, value = self.read_stack(chunks)
+        q_in, query, key, value = self.read_stack(chunks, grn_out)
         a, _ = self.self_attn(
             query=query, key=key, value=value, key_padding_mask=self_attn_padding_mask,
             incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask,
@@ -175,7 +181,7 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
             x = self.residual_connection(c, x)
             branches = branches + c
         x = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
-        return branches + self.dropout_module(self.fc2(x)), attn, None
+        return torch.add(branches, self.dropout_module(self.fc2(x)), out=out), attn, None
 
 
 class _DCAStack:
@@ -209,7 +215,7 @@ class _DCAStack:
         # y = GRN(G_{T+1}), then the final LayerNorm (fused: y is recomputed in backward, not kept)
         if self.layer_norm is None:
             return self.output_grn(stack.chunks())[0]
-        return self.output_grn(stack.chunks(), norm=self.layer_norm)[1][0]
+        return self.output_grn(stack.chunks(), norm=self.layer_norm, out=stack.grn_out(1))[1][0]
 
 
 class DCAEncoder(_DCAStack, LayerStackEncoder):
@@ -222,7 +228,8 @@ class DCAEncoder(_DCAStack, LayerStackEncoder):
         return wrap_layer(DCAEncoderLayer(cfg, self._next_layer_grn(cfg.encoder.embed_dim)), cfg)
 
     def run_layer(self, idx, layer, x, stack: DepthStack, padding_mask):
-        stack.push(layer(*stack.chunks(), encoder_padding_mask=padding_mask))
+        grn_out, out = stack.grn_out(layer.grn.num_outputs), stack.next_slot()
+        stack.push(layer(*stack.chunks(), encoder_padding_mask=padding_mask, grn_out=grn_out, out=out))
         return stack.last, stack
 
 
@@ -241,6 +248,7 @@ class DCADecoder(_DCAStack, LayerStackDecoder):
             *stack.chunks(), encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
             incremental_state=incremental_state, self_attn_mask=self_attn_mask,
             self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+            grn_out=stack.grn_out(layer.grn.num_outputs), out=stack.next_slot(),
         )  # fmt: skip
         stack.push(f)
         return stack.last, stack, attn

@@ -73,9 +73,14 @@ class DepthStack:
 
     def __init__(self, x: Tensor, num_layers: int, k: int = 0):
         self.k = k
-        self.buffer = x.new_empty(num_layers + 1, *x.shape)
+        # without autograd (decoding) nothing is saved for backward, so the k-DCA middle sum is kept in one more
+        # slot and updated in place, and the GRNs of all layers write into one workspace (grn_out): a layer is
+        # done with its GRN outputs before the next one runs. Fewer, smaller allocations per decoding step.
+        self.in_place = not torch.is_grad_enabled()
+        self.buffer = x.new_empty(num_layers + 1 + (1 if k and self.in_place else 0), *x.shape)
         self.slots: list[Tensor] = []
         self.middle: Tensor | None = None
+        self.workspace: tuple[Tensor, Tensor] | None = None
         self.push(x)
 
     def push(self, f: Tensor) -> None:
@@ -84,11 +89,33 @@ class DepthStack:
         if torch.is_grad_enabled():
             self.slots.append(_Write.apply(self.buffer, index, f))
         else:
-            self.buffer[index].copy_(f)
-            self.slots.append(self.buffer[index])
+            slot = self.buffer[index]
+            if f.data_ptr() != slot.data_ptr():  # not written in place (next_slot)
+                slot.copy_(f)
+            self.slots.append(slot)
         if self.k and index - self.k >= 1:  # output index - k leaves the window; the embedding never does
             leaving = self.slots[index - self.k]
-            self.middle = leaving if self.middle is None else self.middle + leaving
+            if self.in_place:
+                middle = self.buffer[-1]
+                middle.copy_(leaving) if self.middle is None else middle.add_(leaving)
+                self.middle = middle
+            else:
+                self.middle = leaving if self.middle is None else self.middle + leaving
+
+    def next_slot(self) -> Tensor | None:
+        """Without autograd, the buffer slot the next push fills, for a layer to write its output into (push
+        then copies nothing); else None."""
+        return self.buffer[len(self.slots)] if self.in_place else None
+
+    def grn_out(self, outputs: int) -> tuple[Tensor, Tensor] | None:
+        """Without autograd, the outputs (x[0], h) of a GRN with ``outputs`` outputs, shared by the GRNs of this
+        pass (the last one's h is the encoder's or decoder's output, which nothing overwrites); else None."""
+        if not self.in_place:
+            return None
+        if self.workspace is None or self.workspace[1].size(0) < outputs:
+            x = self.slots[0]
+            self.workspace = (x.new_empty(x.shape), x.new_empty(outputs, *x.shape))
+        return self.workspace[0], self.workspace[1][:outputs]
 
     @property
     def last(self) -> Tensor:

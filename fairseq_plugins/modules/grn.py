@@ -25,11 +25,17 @@ Interpretations (the paper is silent on these):
 
 The stack arrives as a list of chunks (tensors of shape (entries, *, d) whose entries are concatenated in
 order), so that a preallocated stack buffer and the k-DCA middle sum are read without copying them together.
+
+Two implementations of the same function: for float32 on the CPU, fused C kernels (kernels/grn_cpu.c) that
+walk the tokens once, forward and backward; everywhere else (other dtypes, CUDA, no C compiler,
+FAIRSEQ_PLUGINS_GRN_KERNEL=0) the PyTorch code below. tests/test_grn_kernel.py holds them to each other.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..kernels import grn_kernel
 
 RMS_EPS = 1e-6
 # the no-grad path (decoding) mixes the whole stack in one broadcast product while it stays under this many
@@ -132,11 +138,17 @@ class _GRNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, b, w, norm_weight, norm_bias, norm_eps, with_norm, *chunks):
+        ctx.shape, ctx.n_chunks, ctx.with_norm = chunks[0].shape[1:], len(chunks), with_norm
+        ctx.kernel = grn_kernel.usable(chunks, b, w, norm_weight, norm_bias)
+        if ctx.kernel:  # the same function in one pass over the tokens (kernels/grn_cpu.c)
+            x, h, (mean, rstd, rho, dot) = grn_kernel.forward(list(chunks), b, w, norm_weight, norm_bias, norm_eps,
+                                                              with_norm, save=True)  # fmt: skip
+            ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *chunks, rho, dot)
+            return (x, h) if with_norm else x
         dim = chunks[0].size(-1)
         flat = [c.reshape(c.size(0), -1, dim) for c in chunks]  # (entries, tokens, d) views
         gates = [_gate(g, w) for g in flat] if w is not None else None
         x, _ = _mix(flat, b, gates)
-        ctx.shape, ctx.n_chunks, ctx.with_norm = chunks[0].shape[1:], len(chunks), with_norm
         stats = [t for gate in gates for t in gate] if gates is not None else []
         if not with_norm:
             ctx.save_for_backward(b, w, None, None, None, None, *flat, *stats)
@@ -149,8 +161,15 @@ class _GRNFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         b, w, norm_weight, norm_bias, mean, rstd, *rest = ctx.saved_tensors
         flat, stats = rest[: ctx.n_chunks], rest[ctx.n_chunks :]
-        gates = [stats[3 * c : 3 * c + 3] for c in range(ctx.n_chunks)] if w is not None else None
         dim = flat[0].size(-1)
+        if ctx.kernel:
+            grad, grad_first = (grads[1], grads[0]) if ctx.with_norm else (grads[0], None)
+            *params, chunk_grads = grn_kernel.backward(
+                list(flat), b, w, norm_weight, ctx.with_norm, grad, grad_first, (mean, rstd, *stats),
+                (ctx.needs_input_grad[2], ctx.needs_input_grad[3]),
+            )  # fmt: skip
+            return *params, None, None, *chunk_grads
+        gates = [stats[3 * c : 3 * c + 3] for c in range(ctx.n_chunks)] if w is not None else None
         grad_norm_weight = grad_norm_bias = None
         if ctx.with_norm:
             grad_first, grad_h = grads
@@ -168,8 +187,13 @@ class _GRNFunction(torch.autograd.Function):
         return grad_b, grad_w, grad_norm_weight, grad_norm_bias, None, None, *chunk_grads
 
 
-def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Module | None):
-    """The same function without autograd (decoding): few large ops on the concatenated stack when small."""
+def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Module | None, out=None):
+    """The same function without autograd (decoding): the kernel (writing into ``out`` if given), or few large
+    ops on the concatenated stack when small."""
+    weight, bias, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
+    if grn_kernel.usable(chunks, b, w, weight, bias):
+        x, h, _ = grn_kernel.forward(chunks, b, w, weight, bias, eps, norm is not None, save=False, out=out)
+        return x if norm is None else (x, h)
     stack = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     dim, shape = stack.size(-1), stack.shape[1:]
     flat = stack.reshape(stack.size(0), -1, dim)
@@ -209,9 +233,12 @@ class GRN(nn.Module):
         self.embed_dim, self.num_entries, self.num_outputs = embed_dim, num_entries, num_outputs
         self.register_parameter("w", None)  # GRN-v3's input-dependent weights
 
-    def forward(self, chunks: list[Tensor], norm: nn.Module | None = None):
+    def forward(self, chunks: list[Tensor], norm: nn.Module | None = None, out: tuple[Tensor, Tensor] | None = None):
         """Mix the stack, given as chunks of shape (entries_i, *, d) with sum(entries_i) = num_entries.
 
+        Args:
+            out: without autograd and with ``norm``, tensors (x[0], norm(x)) of the result's shapes that the
+                kernel may write the result into (DepthStack.grn_out); the result is returned either way.
         Returns:
             (num_outputs, *, d); with ``norm`` (a LayerNorm over d) the pair (x[0], norm(x)) instead, where
             x is not kept for backward but recomputed.
@@ -220,7 +247,7 @@ class GRN(nn.Module):
         if entries != self.num_entries:
             raise ValueError(f"{type(self).__name__} expects a stack of {self.num_entries} entries, got {entries}")
         if not torch.is_grad_enabled():
-            return _grn_no_grad(chunks, self.b, self.w, norm)
+            return _grn_no_grad(chunks, self.b, self.w, norm, out if norm is not None else None)
         weight, bias, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
         return _GRNFunction.apply(self.b, self.w, weight, bias, eps, norm is not None, *chunks)
 

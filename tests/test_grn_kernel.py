@@ -1,0 +1,126 @@
+"""The fused CPU GRN kernels (fairseq_plugins/kernels) against the PyTorch GRN code they replace: same outputs
+and gradients in float32 for every GRN version, output count, LayerNorm and stack layout; the same DCA model
+training step with and without them; the fallback when they cannot be built or are turned off."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from fairseq_plugins.kernels import grn_kernel
+from fairseq_plugins.modules.grn import GRNv1, GRNv2, GRNv3
+
+from .helpers import build_model, random_batch
+
+HAVE_CC = shutil.which(os.environ.get("CC", "cc")) is not None
+needs_kernel = pytest.mark.skipif(not HAVE_CC, reason="no C compiler: the PyTorch code runs instead")
+
+
+def run_grn(grn, norm, stack, split, kernel: bool):
+    """Outputs, gradients (stack, GRN, LayerNorm) and the no-grad outputs of one GRN call on ``stack``."""
+    norm_params = list(norm.parameters()) if norm is not None else []
+    for p in [*grn.parameters(), *norm_params]:
+        p.grad = None
+    with grn_kernel.enabled(kernel):
+        entries = stack.clone().requires_grad_()
+        chunks = list(torch.split(entries, split))
+        out = grn(chunks, norm=norm)
+        outs = out if isinstance(out, tuple) else (out,)
+        weights = torch.Generator().manual_seed(1)
+        sum((o * torch.randn(o.shape, generator=weights)).sum() for o in outs).backward()
+        with torch.no_grad():
+            no_grad = grn([c.detach() for c in chunks], norm=norm)
+    grads = [entries.grad, *(p.grad for p in grn.parameters()), *(p.grad for p in norm_params)]
+    return [o.detach() for o in outs], grads, list(no_grad if isinstance(no_grad, tuple) else (no_grad,))
+
+
+@needs_kernel
+def test_the_kernels_build_here():
+    assert grn_kernel.library() is not None, grn_kernel.failure
+    assert grn_kernel.usable([torch.ones(2, 3)], torch.ones(2))
+    # other dtypes, and stacks in more chunks than DepthStack hands over: the PyTorch code
+    assert not grn_kernel.usable([torch.ones(2, 3)], torch.ones(2, dtype=torch.float64))
+    assert not grn_kernel.usable([torch.ones(1, 3)] * (grn_kernel.MAX_CHUNKS + 1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("cls,outputs", [(GRNv1, 1), (GRNv1, 3), (GRNv2, 1), (GRNv3, 1), (GRNv3, 3)])
+@pytest.mark.parametrize("with_norm", [False, True])
+@pytest.mark.parametrize("split", [[5], [1, 1, 3], [2, 3]])  # the whole stack, k-DCA's (embedding, middle, last k)
+def test_kernels_compute_what_the_pytorch_code_does(cls, outputs, with_norm, split):
+    torch.manual_seed(0)
+    dim = 40  # not a multiple of the kernels' vector lanes: their tail loops run too
+    grn = cls(dim, sum(split), outputs)
+    norm = nn.LayerNorm(dim) if with_norm else None
+    with torch.no_grad():
+        grn.b.normal_(1.0, 0.5)
+        if grn.w is not None:
+            grn.w.normal_(0.0, 0.3)  # gates of both signs
+        if norm is not None:
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    stack = torch.randn(sum(split), 6, 3, dim) * 3
+    stack[0, 0, 0] = 0.0  # a zero entry: its gate's dot product is exactly 0 (σ'(0) = 1)
+    got = run_grn(grn, norm, stack, split, kernel=True)
+    want = run_grn(grn, norm, stack, split, kernel=False)
+    assert [len(part) for part in got] == [len(part) for part in want]
+    for a, b in zip([t for part in got for t in part], [t for part in want for t in part], strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", ["0", "2"])
+def test_a_dca_training_step_is_the_same_with_and_without_the_kernels(k):
+    results = []
+    for kernel in (True, False):
+        model = build_model("dca_e6d6", ["--encoder-layers", "4", "--decoder-layers", "4", "--dca-k", k], seed=3)
+        for name, p in model.named_parameters():  # non-initial GRN weights, so that every gate is at work
+            if name.endswith("grn.w"):
+                nn.init.normal_(p, 0.0, 0.2)
+        with grn_kernel.enabled(kernel):
+            out, _ = model(*random_batch(model))
+            out.float().pow(2).mean().backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (out_k, grads_k), (out_t, grads_t) = results
+    torch.testing.assert_close(out_k, out_t, rtol=1e-4, atol=1e-5)
+    for name, grad in grads_t.items():
+        torch.testing.assert_close(grads_k[name], grad, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, **env}, timeout=300)  # fmt: skip
+
+
+PROBE = """
+import torch
+from fairseq_plugins.kernels import grn_kernel
+from fairseq_plugins.modules.grn import GRNv3
+out = GRNv3(8, 3, 3)([torch.randn(3, 4, 8)])
+print("library", grn_kernel.library() is not None, "failure", grn_kernel.failure, "shape", tuple(out.shape))
+"""
+
+
+def test_a_failed_build_falls_back_to_the_pytorch_code_with_a_warning(tmp_path):
+    done = _python(PROBE, CC=str(tmp_path / "no-such-compiler"), FAIRSEQ_PLUGINS_CACHE=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    assert "library False" in done.stdout and "shape (3, 4, 8)" in done.stdout
+    assert "GRN kernels unavailable, using the PyTorch code" in done.stderr
+    assert not list((tmp_path / "cache").glob("*"))  # nothing that looks built
+
+
+def test_the_kernels_can_be_turned_off(tmp_path):
+    done = _python(PROBE, FAIRSEQ_PLUGINS_GRN_KERNEL="0", FAIRSEQ_PLUGINS_CACHE=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "library False failure None" in done.stdout and not list(tmp_path.glob("*"))
+
+
+@needs_kernel
+def test_a_build_leaves_only_the_finished_library(tmp_path):
+    done = _python(PROBE, FAIRSEQ_PLUGINS_CACHE=str(tmp_path))
+    assert done.returncode == 0 and "library True" in done.stdout, done.stderr
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
