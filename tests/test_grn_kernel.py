@@ -73,6 +73,26 @@ def test_kernels_compute_what_the_pytorch_code_does(cls, outputs, with_norm, spl
 
 
 @needs_kernel
+@pytest.mark.parametrize("used", [0, 1])  # x[0] alone (no gradient reaches h), h alone (the output GRN's case)
+def test_kernels_take_the_gradient_of_one_output_alone(used):
+    torch.manual_seed(0)
+    grn, norm = GRNv3(16, 4, 3), nn.LayerNorm(16)
+    with torch.no_grad():
+        grn.w.normal_(0.0, 0.3)
+    stack = torch.randn(4, 5, 16)
+    grads = []
+    for kernel in (True, False):
+        entries = stack.clone().requires_grad_()
+        with grn_kernel.enabled(kernel):
+            grn([entries[:1], entries[1:]], norm=norm)[used].pow(2).sum().backward()
+        grads.append([entries.grad, grn.b.grad, grn.w.grad, norm.weight.grad])
+        grn.zero_grad(set_to_none=True)
+        norm.zero_grad(set_to_none=True)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
 @pytest.mark.parametrize("k", ["0", "2"])
 def test_a_dca_training_step_is_the_same_with_and_without_the_kernels(k):
     results = []

@@ -144,6 +144,7 @@ class _GRNFunction(torch.autograd.Function):
             x, h, (mean, rstd, rho, dot) = grn_kernel.forward(list(chunks), b, w, norm_weight, norm_bias, norm_eps,
                                                               with_norm, save=True)  # fmt: skip
             ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *chunks, rho, dot)
+            ctx.set_materialize_grads(False)  # an unused x[0] (the output GRN's) gets no tensor of zeros
             return (x, h) if with_norm else x
         dim = chunks[0].size(-1)
         flat = [c.reshape(c.size(0), -1, dim) for c in chunks]  # (entries, tokens, d) views
@@ -164,6 +165,8 @@ class _GRNFunction(torch.autograd.Function):
         dim = flat[0].size(-1)
         if ctx.kernel:
             grad, grad_first = (grads[1], grads[0]) if ctx.with_norm else (grads[0], None)
+            if grad is None:  # only x[0] was used
+                grad = torch.zeros(b.size(0), *ctx.shape, dtype=flat[0].dtype, device=flat[0].device)
             *params, chunk_grads = grn_kernel.backward(
                 list(flat), b, w, norm_weight, ctx.with_norm, grad, grad_first, (mean, rstd, *stats),
                 (ctx.needs_input_grad[2], ctx.needs_input_grad[3]),

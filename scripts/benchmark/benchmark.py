@@ -700,7 +700,8 @@ def markdown(report: dict) -> str:
         f"thread(s) on {m['cpu']} ({m['cpus']} CPUs), torch {m['torch']}; {report['corpus']}, "
         f"{s['train_batches']} training batch(es) of <= {s['max_tokens']} tokens; beam {s['beam']}, "
         f"{s['decode_sentences']} sentences decoded to exactly {s['decode_len']} tokens; "
-        + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s." if m["matmul_peak_gflops"] else "")
+        + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s" if m["matmul_peak_gflops"] else "")
+        + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
     )
     lines = [
         header,
@@ -903,6 +904,7 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
             "matmul_peak_gflops": max(peak_start, peak_end) / 1e9 if peak_start else None,
             "matmul_peak_gflops_start_end": [peak_start / 1e9, peak_end / 1e9] if peak_start else None,
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "grn_kernels": grn_kernels_status(),
         },
         "settings": {
             "width": f"{opts.embed_dim or width.embed_dim}/{opts.ffn_dim or width.ffn_dim}/"
@@ -920,6 +922,15 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
     }  # fmt: skip
     report["targets"] = [dict(v, target=vars(v["target"]) | {}) for v in check_targets(results)]
     return report
+
+
+def grn_kernels_status() -> str:
+    """Which GRN code DCA ran: the fused CPU kernels, or the PyTorch code and why."""
+    from fairseq_plugins.kernels import grn_kernel
+
+    if grn_kernel.library() is not None:
+        return "fused CPU kernels"
+    return f"PyTorch code ({grn_kernel.failure or 'kernels turned off by ' + grn_kernel.ENV_SWITCH + '=0'})"
 
 
 def _cpu_name() -> str:
