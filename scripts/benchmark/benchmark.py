@@ -703,6 +703,9 @@ def markdown(report: dict) -> str:
         + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s" if m["matmul_peak_gflops"] else "")
         + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
     )
+    if report.get("command"):
+        header += (f" Made by `OMP_NUM_THREADS={s['threads']} {report['command']}` in "
+                   f"{report.get('seconds', 0) / 60:.0f} minutes.")  # fmt: skip
     lines = [
         header,
         "",
