@@ -65,7 +65,8 @@ def _build() -> ctypes.CDLL:
         fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, check=False)
+            done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                                  check=False, timeout=300)  # fmt: skip
             if done.returncode:
                 raise OSError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
             os.replace(tmp, target)
