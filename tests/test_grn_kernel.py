@@ -44,7 +44,7 @@ def test_the_kernels_build_here():
     assert grn_kernel.usable([torch.ones(2, 3)], torch.ones(2))
     # other dtypes, and stacks in more chunks than DepthStack hands over: the PyTorch code
     assert not grn_kernel.usable([torch.ones(2, 3)], torch.ones(2, dtype=torch.float64))
-    assert not grn_kernel.usable([torch.ones(1, 3)] * (grn_kernel.MAX_CHUNKS + 1))
+    assert not grn_kernel.usable([torch.ones(1, 3)] * (grn_kernel.MAX_CHUNKS + 1), torch.ones(1, 4, 3))
 
 
 @needs_kernel

@@ -12,6 +12,7 @@
  * entry's token rows contiguous), E = e_0 + e_1 + e_2 entries in all; b is (O, E, DB)
  * with DB = D (GRN-v2/v3) or 1 (GRN-v1); w is (O, D) or NULL (GRN-v1/v2); the LayerNorm's weight and bias
  * are (D) or NULL. Saved per token: rho (E, N) and dot (O, E, N) (GRN-v3), mean and rstd (O, N) (LayerNorm).
+ * O <= MAX_OUTPUTS (DCA's GRNs have 1 or 3; the caller runs the PyTorch code for more).
  */
 
 #include <math.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #define RMS_EPS 1e-6f
+#define MAX_OUTPUTS 4
 
 /* The hot loops are written with GCC/Clang vector extensions: vectors of 8 floats (one AVX register, two SSE
  * or NEON registers; the compiler lowers them to what the target has) and explicit independent accumulator
@@ -80,11 +82,11 @@ static inline float sumf(const float *restrict a, int64_t n) {
     return t;
 }
 
-/* ss = g . g and dots[o] = w_o . g in one pass over g; O is a constant once inlined (DCA's 3, the GRN-vX
- * modes' 1), so the O + 1 chains stay in registers. */
+/* ss = g . g and dots[o] = w_o . g in one pass over g; called with O a constant (DCA's 3, the GRN-vX modes' 1)
+ * it is unrolled so that the O + 1 chains stay in registers. */
 static inline __attribute__((always_inline)) void gate_sums(const float *restrict g, const float *restrict w,
                                                             int64_t D, const int64_t O, float *ss, float *dots) {
-    vf acc_ss = {0}, acc[4] = {{0}};
+    vf acc_ss = {0}, acc[MAX_OUTPUTS] = {{0}};
     int64_t c = 0;
     for (; c + W <= D; c += W) {
         vf v = load(g + c);
@@ -102,14 +104,14 @@ static inline __attribute__((always_inline)) void gate_sums(const float *restric
 }
 
 /* For entry j of one token (GRN-v2/v3, DB = D): grad_b[o, j] += gx_o * g, grad_r[o, j] = gx_o . g and
- * gg = sum_o gx_o * (b[o, j] + r[o, j]), in one pass over the row (O constant once inlined). */
+ * gg = sum_o gx_o * (b[o, j] + r[o, j]), in one pass over the row (unrolled when O is a constant). */
 static inline __attribute__((always_inline)) void entry_grads(const float *restrict g, const float *restrict gx,
                                                               const float *restrict b, const float *r,
                                                               float *restrict grad_b, float *grad_r,
                                                               float *restrict gg, int64_t D, int64_t E,
                                                               const int64_t O, int64_t j) {
-    vf acc[4] = {{0}};
-    float rj[4];
+    vf acc[MAX_OUTPUTS] = {{0}};
+    float rj[MAX_OUTPUTS];
     for (int64_t o = 0; o < O; o++) rj[o] = r ? r[o * E + j] : 0.0f;
     int64_t c = 0;
     for (; c + W <= D; c += W) {
@@ -123,7 +125,7 @@ static inline __attribute__((always_inline)) void entry_grads(const float *restr
         }
         store(gg + c, out);
     }
-    float tail_r[4] = {0};
+    float tail_r[MAX_OUTPUTS] = {0};
     for (int64_t k = c; k < D; k++) {
         float out = 0.0f;
         for (int64_t o = 0; o < O; o++) {
@@ -141,19 +143,17 @@ static inline __attribute__((always_inline)) void entry_grads(const float *restr
  * r[o, j] = max(rho * dot, 0). Returns rho; dot_out and r are (O, E) with stride E. */
 static float gate(const float *restrict g, const float *restrict w, int64_t D, int64_t O, int64_t E, int64_t j,
                   float *dot_out, float *r) {
-    float ss, dots[4];
-    if (O == 3 || O == 1) {
-        if (O == 3)
-            gate_sums(g, w, D, 3, &ss, dots);
-        else
-            gate_sums(g, w, D, 1, &ss, dots);
-    } else {
-        ss = dotf(g, g, D);
-    }
+    float ss, dots[MAX_OUTPUTS];
+    if (O == 3)
+        gate_sums(g, w, D, 3, &ss, dots);
+    else if (O == 1)
+        gate_sums(g, w, D, 1, &ss, dots);
+    else
+        gate_sums(g, w, D, O, &ss, dots);
     float rho = 1.0f / sqrtf(ss / (float)D + RMS_EPS);
     for (int64_t o = 0; o < O; o++) {
-        float d = (O == 3 || O == 1) ? dots[o] : dotf(w + o * D, g, D), s = rho * d;
-        dot_out[o * E + j] = d;
+        float s = rho * dots[o];
+        dot_out[o * E + j] = dots[o];
         r[o * E + j] = s > 0.0f ? s : 0.0f;
     }
     return rho;
@@ -339,38 +339,26 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
         for (int64_t j = 0; j < E; j++) {
             const float *restrict g = rows[j];
             float *restrict gg = grad_entries[j] + n * D;
-            if (DB != 1 && (O == 3 || O == 1)) {
+            if (DB != 1) {
                 if (O == 3)
                     entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, 3, j);
-                else
+                else if (O == 1)
                     entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, 1, j);
-                goto entry_done;
-            }
-            for (int64_t o = 0; o < O; o++) {
-                const float *restrict gxo = gx + o * D;
-                const float *restrict bj = b + (o * E + j) * DB;
-                float *restrict gbj = grad_b + (o * E + j) * DB;
-                float rj = w ? r[o * E + j] : 0.0f;
-                if (DB == 1) {
-                    float p = dotf(gxo, g, D), cf = bj[0] + rj;
-                    gbj[0] += p;
+                else
+                    entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, O, j);
+            } else { /* GRN-v1: one weight per entry and output */
+                for (int64_t o = 0; o < O; o++) {
+                    const float *restrict gxo = gx + o * D;
+                    float p = dotf(gxo, g, D), cf = b[o * E + j] + (w ? r[o * E + j] : 0.0f);
+                    grad_b[o * E + j] += p;
                     if (w) grad_r[o * E + j] = p;
                     if (o == 0) {
                         for (int64_t c = 0; c < D; c++) gg[c] = gxo[c] * cf;
                     } else {
                         for (int64_t c = 0; c < D; c++) gg[c] += gxo[c] * cf;
                     }
-                } else {
-                    for (int64_t c = 0; c < D; c++) gbj[c] += gxo[c] * g[c];
-                    if (w) grad_r[o * E + j] = dotf(gxo, g, D);
-                    if (o == 0) {
-                        for (int64_t c = 0; c < D; c++) gg[c] = gxo[c] * (bj[c] + rj);
-                    } else {
-                        for (int64_t c = 0; c < D; c++) gg[c] += gxo[c] * (bj[c] + rj);
-                    }
                 }
             }
-            entry_done:
             if (w) {
                 /* through the gate: s = rho * dot, r = max(s, 0) with derivative 1 at 0 (grn.py) */
                 float rh = rho[j * N + n], kappa = 0.0f;

@@ -28,7 +28,7 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("grn_cpu.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 ENV_SWITCH = "FAIRSEQ_PLUGINS_GRN_KERNEL"  # "0" turns the kernels off
 
 _lock = threading.Lock()
@@ -39,6 +39,7 @@ failure: str | None = None  # why the kernels are not available, once a build wa
 
 _i64, _ptr, _int, _float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 MAX_CHUNKS = 3  # the stack's chunks the kernels take: all of it, or k-DCA's embedding, middle sum and last k
+MAX_OUTPUTS = 4  # GRN outputs the kernels take (DCA's GRNs have 1 or 3), MAX_OUTPUTS in grn_cpu.c
 _CHUNKS = [_ptr, _i64] * MAX_CHUNKS
 _FORWARD_ARGS = [_i64] * 4 + _CHUNKS + [_ptr, _ptr, _int, _ptr, _ptr, _float] + [_ptr] * 6
 _BACKWARD_ARGS = [_i64] * 4 + _CHUNKS + [_ptr, _ptr, _int] + [_ptr] * 14
@@ -107,12 +108,13 @@ def enabled(on: bool) -> Iterator[None]:
         _enabled = before
 
 
-def usable(chunks: list[Tensor], *tensors: Tensor | None) -> bool:
-    """Whether the kernels can run on the stack's chunks and these tensors: float32 on the CPU (None entries
-    are ignored), at most MAX_CHUNKS chunks."""
-    if len(chunks) > MAX_CHUNKS:
+def usable(chunks: list[Tensor], b: Tensor, *tensors: Tensor | None) -> bool:
+    """Whether the kernels can run on the stack's chunks, the GRN weights b (outputs, entries, d or 1) and
+    these tensors: float32 on the CPU (None entries are ignored), at most MAX_CHUNKS chunks and MAX_OUTPUTS
+    outputs."""
+    if len(chunks) > MAX_CHUNKS or b.size(0) > MAX_OUTPUTS:
         return False
-    for t in (*chunks, *tensors):
+    for t in (*chunks, b, *tensors):
         if t is not None and (t.dtype != torch.float32 or not t.is_cpu):
             return False
     return library() is not None
@@ -122,14 +124,15 @@ def _p(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _chunk_args(chunks: list[Tensor]) -> tuple[list, list[Tensor]]:
-    """(pointer, entries) of each chunk, padded to MAX_CHUNKS, and the chunks they point into (contiguous,
-    kept alive by the caller for the call)."""
+def _chunk_args(chunks: list[Tensor]) -> tuple[list, list[Tensor], int]:
+    """(pointer, entries) of each chunk, padded to MAX_CHUNKS; the chunks they point into (contiguous, kept
+    alive by the caller for the call); the tokens per entry."""
     chunks = [c if c.is_contiguous() else c.contiguous() for c in chunks]
     args = []
     for c in chunks:
         args += (c.data_ptr(), c.size(0))
-    return args + [None, 0] * (MAX_CHUNKS - len(chunks)), chunks
+    tokens = chunks[0].shape[1:].numel() // chunks[0].size(-1)
+    return args + [None, 0] * (MAX_CHUNKS - len(chunks)), chunks, tokens
 
 
 def _check(status: int) -> None:
@@ -142,9 +145,8 @@ def forward(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm_weight: Tens
     """The GRN of grn.py on chunks (entries_i, *, d). Returns (first, h, stats) with the LayerNorm, else
     (x, None, stats): first = x[0] (*, d); h and x (outputs, *, d); stats = (mean, rstd, rho, dot) for
     backward (None where not saved or not used). out: (first, h) to write into, with the LayerNorm."""
-    chunk_args, chunks = _chunk_args(chunks)
+    chunk_args, chunks, tokens = _chunk_args(chunks)
     shape, n_entries, outputs = chunks[0].shape[1:], sum(c.size(0) for c in chunks), b.size(0)
-    tokens = shape.numel() // shape[-1]
     b = b.contiguous()
     w = w.contiguous() if w is not None else None
     new = chunks[0].new_empty
@@ -170,9 +172,8 @@ def backward(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm_weight: Ten
     """Gradients of forward() for grad (outputs, *, d) of h (with the LayerNorm) or of x, and grad_first
     (*, d) of first; norm_grads: whether the LayerNorm's weight and bias want theirs.
     Returns grad_b, grad_w, grad_norm_weight, grad_norm_bias, [grad of each chunk]."""
-    chunk_args, chunks = _chunk_args(chunks)
+    chunk_args, chunks, tokens = _chunk_args(chunks)
     dim, outputs = chunks[0].size(-1), b.size(0)
-    tokens = chunks[0].shape[1:].numel() // dim
     mean, rstd, rho, dot = stats
     b = b.contiguous()
     w = w.contiguous() if w is not None else None
