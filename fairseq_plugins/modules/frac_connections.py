@@ -1,6 +1,6 @@
 """Frac-connections (Zhu et al., ByteDance Seed, "Frac-Connections: Fractional Extension of Hyper-Connections",
 arXiv:2503.14125, section 4.1 eq. 6-8, 4.2 eq. 11-14, 4.3 eq. 15 and algorithms 1-2; the equations come
-from NEW_IDEAS.md's notes and a third-party review, the paper's text was not available here).
+from third-party notes and review, the paper's text was not available here; docs/new_ideas_sources.md).
 
 Instead of n full-width copies (hyper-connections), the single C-dim state is split into m fractions and the
 HC-style read/mix/write matrices act across the fraction slots; the residual stays C wide:
@@ -25,7 +25,7 @@ layer is exactly Pre-LN at initialisation, for static and dynamic alike. The sta
 reshaped back to C (no collapse), then the final norm. m = 1 is the plain Pre-LN residual (HC x1).
 
 Where the reference code departs: lucidrains' ``HyperConnections(num_residual_streams=1, num_fracs=m)``
-(read for NEW_IDEAS.md at 4775103) does not reproduce eq. 15 at init (its branch input is not the identity
+(read by the project's notes at 4775103) does not reproduce eq. 15 at init (its branch input is not the identity
 reshape, and every fraction receives the sum of all branch-output fractions), so it is not offered.
 
 Encoder-decoder decisions (ours): one unit per sublayer including cross-attention; m must divide C. The paper

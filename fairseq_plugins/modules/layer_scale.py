@@ -18,7 +18,7 @@ Encoder-decoder decisions (ours, the paper has no decoder):
 - dropout applies to the branch output before lambda (fairseq: ``residual + dropout(F(x))``); the two commute;
 - per-position: the scale is elementwise, so incremental decoding needs no state (nothing cached);
 - beam reordering: nothing to reorder;
-- weight decay: the paper excludes nothing explicitly; NEW_IDEAS.md section 7 recommends excluding lambda
+- weight decay: the paper excludes nothing explicitly; we recommend excluding lambda, as for every scale here
   (that is the optimiser's business, not this module's).
 
 Half precision: lambda is a parameter of the module's dtype; the product is elementwise (no reduction), so

@@ -1,6 +1,6 @@
 """MUDDFormer, multiway dynamic dense connections (Xiao et al., "MUDDFormer: Breaking Residual Bottlenecks in
 Transformers via Multiway Dynamic Dense Connections", arXiv:2502.12170, eq. 5-8 and section 3 (equation
-numbers via NEW_IDEAS.md's notes); authors' code Caiyun-AI/MUDDFormer ``pytorch/muddformer/
+numbers via third-party notes); authors' code Caiyun-AI/MUDDFormer ``pytorch/muddformer/
 modeling_muddformer.py`` (MultiwayDynamicDenseBlock, TransformerBlock) and ``jax/MaxText/layers/llama2.py``
 (the training code's init), read at fc067b2).
 

@@ -14,7 +14,7 @@ branch (``tag`` attn/mlp -> ``orthogonal_method="channel"``, ``dim=-1``); its "g
 channels and space and is meant for convolutions, so it is not offered.
 
 Departure from the code, on purpose: the code sums <x, f> in the input dtype and upcasts only ||x||^2; we
-compute both in float32 (NEW_IDEAS.md section 6i(f)), then cast the scale back like the code does.
+compute both in float32 (half-precision safety), then cast the scale back like the code does.
 
 Not implemented: x-transformers' ``OrthogonalResidualUpdate`` flattens the whole (T x C) sequence per
 example (and computes in float64 without eps): positions then leak into each other, future and padding
