@@ -22,9 +22,15 @@ Half precision: the mean square is accumulated in float32 (at least) and the res
 
 Interface: ``HeadNorm(num_heads, head_dim, eps)``; ``forward(z)`` for z `(seq_len, batch, num_heads *
 head_dim)` (fairseq's projection output) returns the same shape, each head's d_h slice RMS-normalised.
+``attach_qkv_norms(attn)`` puts them into a fairseq ``MultiheadAttention`` (self- or cross-attention):
+q_proj/k_proj/v_proj become ``NormedProjection``s that keep the Linear's ``weight``/``bias`` Parameters
+under the same state_dict names (plus ``norm.weight``), so q is normalised before fairseq multiplies it by
+``scaling`` and K/V before they are cached; fairseq's fused full-sequence path, which reads the projection
+weights directly and would skip the norms, is switched off for that attention.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 EPS = 1e-5
@@ -46,3 +52,25 @@ class HeadNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, head_dim={self.head_dim}, eps={self.eps}"
+
+
+class NormedProjection(nn.Module):
+    """HeadNorm(x W^T + b) in place of a q/k/v ``nn.Linear``, owning that Linear's Parameters."""
+
+    def __init__(self, linear: nn.Linear, num_heads: int, eps: float = EPS):
+        super().__init__()
+        if linear.out_features % num_heads:
+            raise ValueError(f"projection width {linear.out_features} is not divisible by {num_heads} heads")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.norm = HeadNorm(num_heads, linear.out_features // num_heads, eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(F.linear(x, self.weight, self.bias))
+
+
+def attach_qkv_norms(attn: nn.Module, eps: float = EPS) -> None:
+    """HybridNorm's N_q, N_k, N_v inside a fairseq MultiheadAttention (see the module docstring)."""
+    for name in ("q_proj", "k_proj", "v_proj"):
+        setattr(attn, name, NormedProjection(getattr(attn, name), attn.num_heads, eps))
+    attn._set_skip_embed_dim_check()  # the fused path would read q/k/v_proj.weight and skip the norms

@@ -40,10 +40,18 @@ Half precision: the mix is elementwise; the ``token`` gate's sigmoid is computed
 Interface: ``ValueResidual(mode, embed_dim=None, num_heads=None, lambdas=(0.5, 0.5))``;
 ``forward(v, v_first, x=None) -> V'_n`` with v, v_first `(seq_len, batch, embed_dim)` (fairseq's v_proj output
 before the head split) and x the attention's input (``token`` mode only). ``ValueResidualStack`` owns one
-per layer >= 2 and carries V_1: ``stack(layer_idx, v, state, x)``.
+per layer >= 2 and carries V_1: ``stack(layer_idx, v, state, x)``, for a layer loop that projects values
+itself. For fairseq's ``MultiheadAttention``, ``attach_value_residual(attentions, ...)`` replaces each
+attention's v_proj by a ``ValueResidualProjection`` (same ``weight``/``bias`` state_dict names, plus the mix's
+parameters): layer 1's stores its output in a dict shared by the stack's projections, the others mix it in.
+Every place fairseq calls v_proj (full sequence, a new decoding position, the once-per-sentence encoder-side
+values of cross-attention) then mixes before the cache. fairseq's fused full-sequence path reads
+v_proj.weight directly and is switched off for these attentions. The layer loop should ``store.clear()``
+after each forward pass so the last batch's V_1 is not kept alive.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 MODES = ("identity", "constant", "learnable", "token")
@@ -109,3 +117,36 @@ class ValueResidualStack(nn.Module):
             state["v_first"] = v
             return v
         return self.mixes[layer_idx - 1](v, state["v_first"], x)
+
+
+class ValueResidualProjection(nn.Module):
+    """v_proj of one attention layer with the value residual: layer 1 (``mix`` None) stores V_1 in ``store``,
+    later layers return mix(V_n, V_1, x). Owns the replaced Linear's Parameters under the same names."""
+
+    def __init__(self, linear: nn.Linear, mix: ValueResidual | None, store: dict, key: str):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.mix, self.store, self.key = mix, store, key
+
+    def forward(self, x: Tensor) -> Tensor:
+        v = F.linear(x, self.weight, self.bias)
+        if self.mix is None:
+            self.store[self.key] = v
+            return v
+        return self.mix(v, self.store[self.key], x)
+
+
+def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tuple[float, float] = (0.5, 0.5),
+                          cross_attention: bool = False, store: dict | None = None) -> dict:
+    """Value residual in a stack of fairseq MultiheadAttentions (layer order); returns the shared store."""
+    if cross_attention and mode == "token":
+        raise ValueError("value residual mode 'token' is undefined for cross-attention (target-indexed "
+                         "gate, source-indexed values); use identity, constant or learnable")
+    store = {} if store is None else store
+    key = "v_first_cross" if cross_attention else "v_first"
+    for n, attn in enumerate(attentions):
+        mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas)
+        attn.v_proj = ValueResidualProjection(attn.v_proj, mix, store, key)
+        attn._set_skip_embed_dim_check()  # the fused path would read v_proj.weight and skip the mix
+    return store
