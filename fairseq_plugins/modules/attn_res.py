@@ -25,7 +25,7 @@ sublayers, S = 6); its ablation has S = 2, 4, 8 equally good and S >= 16 driftin
 
 Computation: w_l^T RMSNorm_l(v) = (w_l * g_l)^T v / rms(v), so each source's rms is computed once (cached in
 the state) and each sublayer does one dot product per source. Logits, rms and softmax run in float32 (at
-least); the weighted sum in the sources' dtype.
+least); the weighted sum in the sources' dtype, as a running sum over the sources (no stacked copy).
 
 Encoder-decoder decisions (ours; the paper is decoder-only):
 - one AttnRes per stack, each with its own queries; decoder sources = target embedding + the outputs of
@@ -92,12 +92,16 @@ class AttentionResiduals(nn.Module):
         if state.partial is not None:
             values.append(state.partial)
             rms.append(self._rms(state.partial))
-        stacked = torch.stack(values)  # (sources, seq_len, batch, C)
-        acc = torch.promote_types(stacked.dtype, torch.float32)
+        acc = torch.promote_types(values[0].dtype, torch.float32)
         key = (self.queries[index] * self.key_gains[index]).to(acc)
-        logits = (stacked.to(acc) @ key) / torch.stack(rms)  # (sources, seq_len, batch)
-        weights = logits.softmax(0).to(stacked.dtype)
-        return torch.einsum("stb,stbc->tbc", weights, stacked)
+        logits = torch.stack([(v.to(acc) @ key) / r for v, r in zip(values, rms)])  # (sources, seq_len, batch)
+        weights = logits.softmax(0).to(values[0].dtype).unsqueeze(-1)
+        # a running sum instead of one product with the stacked sources: stacking would copy every source
+        # at every read and keep the copy for backward (O(L^2) activations); addcmul keeps references only
+        out = weights[0] * values[0]
+        for w, v in zip(weights[1:], values[1:]):
+            out = torch.addcmul(out, w, v)
+        return out
 
     def write(self, state: AttnResState, out: Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out

@@ -70,9 +70,11 @@ class DenseConnection(nn.Module):
         return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
 
     def forward(self, outputs: list) -> tuple:
-        stacked = torch.stack(outputs, dim=-2)  # (seq_len, batch, i + 1, D)
-        a = self.weights(outputs[-1]).to(stacked.dtype)
-        mixed = a @ stacked  # (seq_len, batch, ways, D)
+        a = self.weights(outputs[-1]).to(outputs[-1].dtype).unsqueeze(-1)  # (seq_len, batch, ways, i + 1, 1)
+        # a running sum over the block outputs: a stacked copy per connection would be kept for backward
+        mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
+        for j in range(1, self.index + 1):
+            mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
         return tuple(mixed.unbind(-2))
 
 
