@@ -102,3 +102,16 @@ def test_deep_stack_half_precision(block_size, dtype):
     assert out.dtype == dtype
     out.float().square().mean().backward()
     assert_finite(out, x.grad, *(p.grad for p in ar.parameters()))
+
+
+def test_logits_in_float32_under_float16():
+    """w^T v alone would overflow float16 here (|v| ~ 300, |w| ~ 300: 8 * 9e4 > 65504); divided by rms(v) in
+    float32 it is ~2400 and the softmax is finite."""
+    ar = AttentionResiduals(DIM, 2).half()
+    with torch.no_grad():
+        ar.queries.fill_(300.0)
+    x = torch.full((2, 1, DIM), 300.0, dtype=torch.float16)
+    state = ar.start(x)
+    ar(0, state, lambda h: -h)
+    out = ar.read(1, state)
+    assert torch.isfinite(out).all()

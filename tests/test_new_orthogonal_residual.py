@@ -57,3 +57,12 @@ def test_deep_stack_half_precision(dtype):
     assert h.dtype == dtype
     h.float().square().mean().backward()
     assert_finite(h, x.grad)
+
+
+def test_projection_in_float32_under_float16():
+    """||x||^2 = 8 * 300^2 overflows float16; the float32 projection still removes the parallel part."""
+    x = torch.full((1, 1, DIM), 300.0, dtype=torch.float16)
+    f = torch.linspace(-1, 1, DIM, dtype=torch.float16).view(1, 1, DIM) + 0.5
+    out = OrthogonalResidual()(f, x)
+    assert torch.isfinite(out).all()
+    assert abs(((out - x).float() * x.float()).sum()) < 1e-2 * 300 * DIM
