@@ -25,9 +25,9 @@ checks, and fairseq's ``--fp16`` for training in float16.
 
 Wiring: a model class lists ``AutocastModel`` before fairseq's ``TransformerModel`` in its bases; it adds
 the option and, after building, calls ``enable_autocast(model, dtype)``. An encoder or decoder class may
-instead list ``AutocastForward`` among its bases (the model then only sets ``autocast_dtype``). For a fairseq
-model class the plugin only names (the Pre-LN/Post-LN baselines' ``transformer``), ``autocast_builder(cls)``
-is a registry entry that adds the option and builds a plain ``cls``.
+instead list ``AutocastForward`` among its bases (the model then only sets ``autocast_dtype``). fairseq's own
+``transformer`` (the Pre-LN/Post-LN baselines) stays untouched, so it has no ``--autocast-dtype`` on the command
+line; a script that builds it (the benchmark, the GPU check) calls ``enable_autocast`` on the built model.
 """
 
 import torch
@@ -188,22 +188,3 @@ class AutocastModel:
         dtype = autocast_dtype(args)  # checked first: a clash stops before anything is built
         return enable_autocast(super().build_model(args, task), dtype)
 
-
-def autocast_builder(model_cls: type) -> type:
-    """A stand-in for ``model_cls`` in fairseq's ``ARCH_MODEL_REGISTRY``: it adds ``--autocast-dtype`` to the
-    command line and builds an instance of ``model_cls`` itself (autocast enabled on it as requested), so a
-    baseline that must stay fairseq's own class gets the option without a class of the plugin."""
-
-    class Builder(model_cls):
-        @classmethod
-        def add_args(cls, parser):
-            model_cls.add_args(parser)
-            add_autocast_args(parser)
-
-        @classmethod
-        def build_model(cls, args, task):
-            dtype = autocast_dtype(args)
-            return enable_autocast(model_cls.build_model(args, task), dtype)
-
-    Builder.__name__ = Builder.__qualname__ = f"{model_cls.__name__}WithAutocastOption"
-    return Builder
