@@ -14,13 +14,15 @@ bf16: the plugin's autocast, what ``--autocast-dtype bfloat16`` does), on synthe
 - record which GRN code DCA ran (the fused kernels are CPU float32 only, so on CUDA: PyTorch), the training
   time of the family over the Pre-LN baseline's in the same precision (``time ratio``, updates after the first:
   > 1 is slower),
-  and the peak memory of training (torch.cuda.max_memory_allocated over the updates).
+  and the peak memory of building and training the model (torch.cuda.max_memory_allocated over the check, less
+  what was allocated before it).
 It writes one report, ``--out``/gpu_check.md and .json, and exits 1 if any check failed, 0 otherwise. On a
 machine without CUDA it says so, writes a report saying nothing ran, and exits 0. ``--device cpu`` runs the same
 checks on the CPU in bf16 (fp16 training needs CUDA in fairseq 0.12.3): how this script is tested here.
 """
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -110,12 +112,17 @@ def decoding_gap(contender, batch: dict) -> tuple[float, float]:
 def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: Path, batches, opts) -> dict:
     """Train, decode and measure one model; a dict of the report's row (``ok`` False on any failure)."""
     row = {"name": name, "arch": arch, "precision": precision, "ok": False}
+    gc.collect()  # the previous check's model, trainer and optimizer state
+    before = 0
+    if opts.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
     try:
         c = build_contender(name, arch, data_dir, opts, precision, extra)
         c.extra["sample"] = batches.train[0]
         row["grn_code"] = grn_code_path(c)
         if c.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
             c.trainer.cuda_env = None  # fairseq would reset the peak inside every train_step
         losses, start = [], time.perf_counter()
         for i in range(opts.updates):
@@ -126,7 +133,7 @@ def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: 
             losses.append(None if out is None else float(out["loss"]))
         synchronize(c.device)
         row["train_seconds"] = time.perf_counter() - start
-        row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20 if c.device == "cuda" else None
+        row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if c.device == "cuda" else None
         logged = [x for x in losses if x is not None]
         row["final_loss"] = logged[-1] if logged else None
         row["updates_applied"] = c.trainer.get_num_updates()
