@@ -16,7 +16,11 @@ it is. Under ``--autocast-dtype bfloat16``:
   also keep the fused kernels), DenseFormer's and DLCL's depth weights, LAuReL's mixing, and any module that
   declares ``autocast_float32 = True`` (the extension point for softmax over depth, Sinkhorn, ...);
 - the loss is float32 (fairseq's criteria take ``log_softmax(logits.float())``), and the decoder returns its
-  output logits as float32.
+  output logits as float32;
+- the residual stream stays float32 by type promotion (float32 embedding + bfloat16 sublayer output), and so
+  do the stacks DCA and DenseFormer keep of it. Not wrapped: Hyper-Connections' stream mixing (its module runs
+  the attention/FFN sublayer inside its forward, so wrapping it would run the sublayer in float32 too; its
+  mixing weights are tanh-bounded) and ResiDual's dual stream (float32 by promotion).
 
 bfloat16 has float32's exponent range, so no loss scaling is needed (Micikevicius et al., "Mixed Precision
 Training", arXiv:1710.03740, is the float16 case; Kalamkar et al., "A Study of BFLOAT16 for Deep Learning
