@@ -41,8 +41,7 @@ def test_links_resolve(page):
     assert not broken, f"{page.name}: links to missing files {broken}"
 
 
-# docs/benchmark.md is written by scripts/benchmark/benchmark.py, whose owner removes the data path it names
-@pytest.mark.parametrize("page", [README, *(p for p in PAGES if p.name != "benchmark.md")],
+@pytest.mark.parametrize("page", [README, *PAGES],
                          ids=lambda p: p.relative_to(REPO).as_posix())  # fmt: skip
 def test_no_machine_paths(page):
     found = [m.group(0) for m in MACHINE_PATH.finditer(page.read_text(encoding="utf-8"))]
