@@ -119,3 +119,25 @@ def test_hybrid_norm_qkv_in_fairseq_attention():
         v = hn(lin(attn.v_proj, x), attn.v_proj.norm.weight)
         expected = x + lin(attn.out_proj, direct_attention(q, k, v, causal(T)))
         torch.testing.assert_close(full, expected, rtol=0, atol=SOFTMAX_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_hooks_follow_the_attention_dtype(dtype):
+    """Attached after the model was converted (as these tests do with .double()): the new mix and norm
+    parameters take the projection's dtype (and device), so ``token`` mode runs and nothing stays float32."""
+    attns = attentions(3)
+    for a in attns:
+        a.to(dtype)
+    attach_value_residual(attns, "token")
+    (normed,) = attentions(1)
+    normed.to(dtype)
+    attach_qkv_norms(normed)
+    for module in attns + [normed]:
+        assert {p.dtype for p in module.parameters()} == {dtype}
+    x = random_input(T, B, DIM, dtype=dtype)
+    with torch.no_grad():
+        full = run_self(attns, x, incremental=False)
+        assert full.dtype == dtype and torch.isfinite(full).all()
+        if dtype == torch.float64:
+            torch.testing.assert_close(run_self(attns, x, incremental=True), full, rtol=0, atol=1e-12)
+        assert torch.isfinite(run_self([normed], x, incremental=False)).all()

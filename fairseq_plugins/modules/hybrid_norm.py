@@ -63,7 +63,8 @@ class NormedProjection(nn.Module):
             raise ValueError(f"projection width {linear.out_features} is not divisible by {num_heads} heads")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.norm = HeadNorm(num_heads, linear.out_features // num_heads, eps)
+        # the Linear may already be converted (dtype, device): the norm follows it
+        self.norm = HeadNorm(num_heads, linear.out_features // num_heads, eps).to(linear.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(F.linear(x, self.weight, self.bias))

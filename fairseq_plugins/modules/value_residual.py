@@ -146,7 +146,8 @@ def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tup
     store = {} if store is None else store
     key = "v_first_cross" if cross_attention else "v_first"
     for n, attn in enumerate(attentions):
-        mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas)
+        weight = attn.v_proj.weight  # the attention may already be converted (dtype, device): follow it
+        mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas).to(weight)
         attn.v_proj = ValueResidualProjection(attn.v_proj, mix, store, key)
         attn._set_skip_embed_dim_check()  # the fused path would read v_proj.weight and skip the mix
     return store
