@@ -141,3 +141,23 @@ def test_hooks_follow_the_attention_dtype(dtype):
         if dtype == torch.float64:
             torch.testing.assert_close(run_self(attns, x, incremental=True), full, rtol=0, atol=1e-12)
         assert torch.isfinite(run_self([normed], x, incremental=False)).all()
+
+
+def test_hooks_refuse_a_projection_they_would_silently_drop():
+    """Each hook rebuilds the projection from its weight and bias: wrapping the other hook's projection (or a
+    fairseq quant-noise Linear, whose noise is a forward pre-hook) would silently lose N_v, the mix or the
+    noise, so it is refused with an error naming the projection."""
+    from fairseq.modules.quant_noise import quant_noise
+
+    (a,) = attentions(1)
+    attach_qkv_norms(a)
+    with pytest.raises(ValueError, match="v_proj"):
+        attach_value_residual([a])
+    b = attentions(2)
+    attach_value_residual(b)
+    with pytest.raises(ValueError, match="v_proj"):
+        attach_qkv_norms(b[1])
+    (c,) = attentions(1)
+    c.k_proj = quant_noise(c.k_proj, 0.1, 8)
+    with pytest.raises(ValueError, match="k_proj"):
+        attach_qkv_norms(c)

@@ -54,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .hybrid_norm import check_plain_linear
+
 MODES = ("identity", "constant", "learnable", "token")
 
 
@@ -143,6 +145,8 @@ def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tup
     if cross_attention and mode == "token":
         raise ValueError("value residual mode 'token' is undefined for cross-attention (target-indexed "
                          "gate, source-indexed values); use identity, constant or learnable")
+    for attn in attentions:
+        check_plain_linear(attn.v_proj, "v_proj")
     store = {} if store is None else store
     key = "v_first_cross" if cross_attention else "v_first"
     for n, attn in enumerate(attentions):
