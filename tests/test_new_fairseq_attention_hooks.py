@@ -94,7 +94,14 @@ def test_value_residual_cross_attention_static_kv():
             for a in attns:
                 h = h + a(h, enc, enc, incremental_state=state, static_kv=True, need_weights=False)[0]
             rows.append(h)
+        h, v1 = x, None  # direct: V'_n^c = 0.5 V_1^c + 0.5 V_n^c on the encoder side, U_n = A_n V'_n^c
+        for n, a in enumerate(attns):
+            v = lin(a.v_proj, enc)
+            v1 = v if n == 0 else v1
+            u = direct_attention(lin(a.q_proj, h), lin(a.k_proj, enc), 0.5 * v1 + 0.5 * v if n else v)
+            h = h + lin(a.out_proj, u)
     torch.testing.assert_close(torch.cat(rows), full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(full, h, rtol=0, atol=SOFTMAX_TOL)
 
 
 def test_hybrid_norm_qkv_in_fairseq_attention():
