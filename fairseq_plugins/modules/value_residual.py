@@ -67,7 +67,15 @@ class ValueResidual(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"value residual mode must be one of {MODES}, got {mode!r}")
-        if mode == "identity" and tuple(lambdas) != (0.5, 0.5):
+        given = lambdas
+        try:
+            lambdas = tuple(float(v) for v in lambdas)
+        except (TypeError, ValueError):
+            lambdas = ()
+        if len(lambdas) != 2:
+            raise ValueError(f"value residual lambdas must be two numbers (lambda_1 on V_1, lambda_2 on V_n), "
+                             f"got {given!r}")
+        if mode == "identity" and lambdas != (0.5, 0.5):
             raise ValueError("value residual mode 'identity' fixes lambdas = (0.5, 0.5); use 'constant'")
         self.mode = mode
         if mode == "learnable":
