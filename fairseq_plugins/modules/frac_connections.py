@@ -78,8 +78,10 @@ class FracConnection(nn.Module):
         ya, beta = self.static_ya.to(acc), self.static_beta.to(acc)
         if not self.dynamic:
             return ya, beta
-        hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
-        gates = torch.tanh(hbar @ self.dynamic_weight.to(acc))  # (tokens, m, 2m + 1)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(frac.device.type, enabled=False):
+            hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
+            gates = torch.tanh(hbar @ self.dynamic_weight.to(acc))  # (tokens, m, 2m + 1)
         ya = ya + self.alpha_scale.to(acc) * gates[..., :-1]
         beta = beta + self.beta_scale.to(acc) * gates[..., -1]
         return ya, beta

@@ -147,17 +147,19 @@ class ManifoldHyperConnection(nn.Module):
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input)."""
         n = self.rate
         acc = torch.promote_types(streams.dtype, torch.float32)
-        v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
-        v = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps) * self.gain.to(acc)
-        proj = v @ self.phi.to(acc)
-        gates, bias = self.gates.to(acc), self.bias.to(acc)
-        pre = torch.sigmoid(gates[0] * proj[:, :n] + bias[:n])
-        post = 2.0 * torch.sigmoid(gates[1] * proj[:, n : 2 * n] + bias[n : 2 * n])
-        res_logits = gates[2] * proj[:, 2 * n :] + bias[2 * n :]
-        if self.residual == "permutations":
-            res = torch.einsum("tr,rij->tij", res_logits.softmax(-1), self.perms.to(acc))
-        else:
-            res = sinkhorn(res_logits.view(-1, n, n), self.iters)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(streams.device.type, enabled=False):
+            v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
+            v = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps) * self.gain.to(acc)
+            proj = v @ self.phi.to(acc)
+            gates, bias = self.gates.to(acc), self.bias.to(acc)
+            pre = torch.sigmoid(gates[0] * proj[:, :n] + bias[:n])
+            post = 2.0 * torch.sigmoid(gates[1] * proj[:, n : 2 * n] + bias[n : 2 * n])
+            res_logits = gates[2] * proj[:, 2 * n :] + bias[2 * n :]
+            if self.residual == "permutations":
+                res = torch.einsum("tr,rij->tij", res_logits.softmax(-1), self.perms.to(acc))
+            else:
+                res = sinkhorn(res_logits.view(-1, n, n), self.iters)
         return pre, post, res
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
