@@ -68,3 +68,18 @@ def test_attn_res_logits(dtype):
         return ar.read(1, state)
 
     same_under_autocast(aggregate, dtype)
+
+
+@pytest.mark.parametrize("dtype", AUTOCAST)
+def test_mhc_streams_stay_float32(dtype):
+    """The streams are the residual stream: under autocast they stay float32 (as the plugin's residual stream
+    does by promotion), only the sublayer runs in half precision; H_res x and H_post^T F are mixed in float32."""
+    unit = randomized(ManifoldHyperConnection(WIDTH, 4))
+    streams = expand_streams(random_input(5, 2, WIDTH, dtype=torch.float32), 4) * torch.arange(1.0, 5.0)[:, None]
+    branch_out = random_input(5, 2, WIDTH, seed=3, dtype=torch.float32).to(dtype)  # what a half sublayer returns
+    expected = unit(streams, lambda u: branch_out.float())
+    with torch.autocast("cpu", dtype=dtype):
+        got = unit(streams, lambda u: branch_out)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+

@@ -167,5 +167,8 @@ class ManifoldHyperConnection(nn.Module):
         flat = streams.reshape(-1, n, dim)
         pre, post, res = (c.to(streams.dtype) for c in self.coefficients(streams))
         u = torch.bmm(pre.unsqueeze(1), flat).view(*lead, dim)  # H_pre x_l
-        out = sublayer(u).reshape(-1, 1, dim)
-        return torch.baddbmm(torch.bmm(res, flat), post.unsqueeze(-1), out).view(*lead, n, dim)
+        out = sublayer(u).reshape(-1, 1, dim).to(flat.dtype)
+        # the streams are the residual stream: under autocast they keep their dtype (float32, as the plugin's
+        # residual stream does by promotion) instead of dropping to half at the first mix
+        with torch.autocast(streams.device.type, enabled=False):
+            return torch.baddbmm(torch.bmm(res, flat), post.unsqueeze(-1), out).view(*lead, n, dim)
