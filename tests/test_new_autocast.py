@@ -83,3 +83,16 @@ def test_mhc_streams_stay_float32(dtype):
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
+
+@pytest.mark.parametrize("dtype", AUTOCAST)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_frac_residual_stays_float32(dynamic, dtype):
+    """A^T H is the residual path: under autocast it is mixed in float32, not rounded to half each sublayer."""
+    unit = randomized(FracConnection(WIDTH, 4, dynamic))
+    x = random_input(5, 2, WIDTH, dtype=torch.float32)
+    branch_out = random_input(5, 2, WIDTH, seed=3, dtype=torch.float32).to(dtype)
+    expected = unit(x, lambda u: branch_out.float())
+    with torch.autocast("cpu", dtype=dtype):
+        got = unit(x, lambda u: branch_out)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
