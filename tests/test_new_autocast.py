@@ -96,3 +96,16 @@ def test_frac_residual_stays_float32(dynamic, dtype):
         got = unit(x, lambda u: branch_out)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_orthogonal_update_keeps_the_stream_precision():
+    """Under autocast the branch output is bfloat16 and the stream float32: the projection scale must not be
+    rounded to bfloat16 (that left ~1e-3 of the parallel part in the float32 stream)."""
+    from fairseq_plugins.modules.orthogonal_residual import OrthogonalResidual
+
+    stream = random_input(6, 2, WIDTH, dtype=torch.float32)
+    branch_out = (random_input(6, 2, WIDTH, seed=2, dtype=torch.float32) + stream).to(torch.bfloat16)
+    update = OrthogonalResidual(eps=0.0)(branch_out, stream) - stream
+    assert update.dtype == torch.float32
+    cosine = (update * stream).sum(-1) / (branch_out.float().norm(dim=-1) * stream.norm(dim=-1))
+    assert cosine.abs().max() < 1e-6
