@@ -68,12 +68,14 @@ def test_uniform_average_at_init(block_size):
     weights = branch_weights(L)
     x = random_input(4, 2, DIM)
     state = ar.start(x)
-    sources = [x]
+    blocks, partial = [x], []  # Full: the sources are the embedding and every output
     for l, w in enumerate(weights):
         out = ar(l, state, lambda h, w=w: branch(h, w))
-        if block_size == 1:  # Full: h_{l+1} = mean(embedding, v_1 .. v_{l+1})
-            sources.append(out)
-            torch.testing.assert_close(ar.read(l + 1, state), torch.stack(sources).mean(0), rtol=0, atol=1e-12)
+        partial.append(out)
+        if len(partial) == block_size:
+            blocks, partial = blocks + [sum(partial)], []
+        sources = blocks + ([sum(partial)] if partial else [])  # h_{l+1} = their plain mean
+        torch.testing.assert_close(ar.read(l + 1, state), torch.stack(sources).mean(0), rtol=0, atol=1e-12)
     assert len(state.blocks) == 1 + L // block_size and state.count == L % block_size
 
 

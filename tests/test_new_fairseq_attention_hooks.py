@@ -94,7 +94,14 @@ def test_value_residual_cross_attention_static_kv():
             for a in attns:
                 h = h + a(h, enc, enc, incremental_state=state, static_kv=True, need_weights=False)[0]
             rows.append(h)
+        h, v1 = x, None  # direct: V'_n^c = 0.5 V_1^c + 0.5 V_n^c on the encoder side, U_n = A_n V'_n^c
+        for n, a in enumerate(attns):
+            v = lin(a.v_proj, enc)
+            v1 = v if n == 0 else v1
+            u = direct_attention(lin(a.q_proj, h), lin(a.k_proj, enc), 0.5 * v1 + 0.5 * v if n else v)
+            h = h + lin(a.out_proj, u)
     torch.testing.assert_close(torch.cat(rows), full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(full, h, rtol=0, atol=SOFTMAX_TOL)
 
 
 def test_hybrid_norm_qkv_in_fairseq_attention():
@@ -119,3 +126,45 @@ def test_hybrid_norm_qkv_in_fairseq_attention():
         v = hn(lin(attn.v_proj, x), attn.v_proj.norm.weight)
         expected = x + lin(attn.out_proj, direct_attention(q, k, v, causal(T)))
         torch.testing.assert_close(full, expected, rtol=0, atol=SOFTMAX_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_hooks_follow_the_attention_dtype(dtype):
+    """Attached after the model was converted (as these tests do with .double()): the new mix and norm
+    parameters take the projection's dtype (and device), so ``token`` mode runs and nothing stays float32."""
+    attns = attentions(3)
+    for a in attns:
+        a.to(dtype)
+    attach_value_residual(attns, "token")
+    (normed,) = attentions(1)
+    normed.to(dtype)
+    attach_qkv_norms(normed)
+    for module in attns + [normed]:
+        assert {p.dtype for p in module.parameters()} == {dtype}
+    x = random_input(T, B, DIM, dtype=dtype)
+    with torch.no_grad():
+        full = run_self(attns, x, incremental=False)
+        assert full.dtype == dtype and torch.isfinite(full).all()
+        if dtype == torch.float64:
+            torch.testing.assert_close(run_self(attns, x, incremental=True), full, rtol=0, atol=1e-12)
+        assert torch.isfinite(run_self([normed], x, incremental=False)).all()
+
+
+def test_hooks_refuse_a_projection_they_would_silently_drop():
+    """Each hook rebuilds the projection from its weight and bias: wrapping the other hook's projection (or a
+    fairseq quant-noise Linear, whose noise is a forward pre-hook) would silently lose N_v, the mix or the
+    noise, so it is refused with an error naming the projection."""
+    from fairseq.modules.quant_noise import quant_noise
+
+    (a,) = attentions(1)
+    attach_qkv_norms(a)
+    with pytest.raises(ValueError, match="v_proj"):
+        attach_value_residual([a])
+    b = attentions(2)
+    attach_value_residual(b)
+    with pytest.raises(ValueError, match="v_proj"):
+        attach_qkv_norms(b[1])
+    (c,) = attentions(1)
+    c.k_proj = quant_noise(c.k_proj, 0.1, 8)
+    with pytest.raises(ValueError, match="k_proj"):
+        attach_qkv_norms(c)

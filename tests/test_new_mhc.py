@@ -2,6 +2,7 @@
 (plain exp-then-divide Sinkhorn), H_res doubly stochastic, the Pre-LN state at initialisation, the mhc-lite
 init values, per-position independence, and a 36-layer stack in half precision (coefficients in float32)."""
 
+import itertools
 import math
 
 import pytest
@@ -35,6 +36,17 @@ def randomize_(unit, seed=0, scale=0.5):
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
 
+def permutations_written_out(n):
+    """The n! permutation matrices in itertools order, P[i, p(i)] = 1, built without the module."""
+    out = []
+    for p in itertools.permutations(range(n)):
+        m = torch.zeros(n, n, dtype=torch.float64)
+        for i, j in enumerate(p):
+            m[i, j] = 1.0
+        out.append(m)
+    return out
+
+
 def direct(unit, x, f):
     """Eq. 3 and 7-9 for each token of x (T, B, n, C), float64, paper's Sinkhorn written out."""
     out = torch.empty_like(x)
@@ -49,7 +61,7 @@ def direct(unit, x, f):
             h_post = 2 * torch.sigmoid(a_post * (v @ phi[:, n : 2 * n]) + b[n : 2 * n])
             logits = a_res * (v @ phi[:, 2 * n :]) + b[2 * n :]
             if unit.residual == "permutations":
-                h_res = sum(a * p for a, p in zip(torch.softmax(logits, 0), permutation_matrices(n).double()))
+                h_res = sum(a * p for a, p in zip(torch.softmax(logits, 0), permutations_written_out(n)))
             else:
                 m = torch.exp(logits.view(n, n))
                 for _ in range(20):
@@ -112,6 +124,14 @@ def test_init_is_pre_ln(residual):
                           .index_fill(0, torch.tensor([1]), 0.5 + 0.5 * math.tanh(0.5)))
     assert torch.equal(post, torch.ones_like(post))  # 2 sigmoid(0) = 1 exactly
     assert (res.diagonal(dim1=-2, dim2=-1) > 0.99).all()  # ~ I (logits 0 / -8)
+
+
+def test_permutation_matrices():
+    """All n! distinct permutation matrices, identity first (the index mHC-lite's static logit 0 favours)."""
+    for n in (1, 3, 4):
+        perms = permutation_matrices(n).double()
+        assert torch.equal(perms, torch.stack(permutations_written_out(n)))
+        assert len({tuple(p.flatten().tolist()) for p in perms}) == math.factorial(n)
 
 
 def test_mhc_lite_code_init_values():

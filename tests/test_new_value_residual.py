@@ -107,6 +107,9 @@ def test_options_rejected():
         ValueResidual("token", DIM, 3)
     with pytest.raises(ValueError, match="cross-attention"):
         ValueResidualStack(3, "token", DIM, HEADS, cross_attention=True)
+    for bad in ((1.0,), (2.0, 1.0, 7.0), ("a", 1.0)):  # V'_n = lambda_1 V_1 + lambda_2 V_n: exactly two numbers
+        with pytest.raises(ValueError, match="lambdas"):
+            ValueResidual("constant", lambdas=bad)
     assert list(ValueResidualStack(3).state_dict()) == []  # identity: fixed lambdas, nothing in checkpoints
 
 

@@ -94,8 +94,10 @@ class AttentionResiduals(nn.Module):
             rms.append(self._rms(state.partial))
         acc = torch.promote_types(values[0].dtype, torch.float32)
         key = (self.queries[index] * self.key_gains[index]).to(acc)
-        logits = torch.stack([(v.to(acc) @ key) / r for v, r in zip(values, rms)])  # (sources, seq_len, batch)
-        weights = logits.softmax(0).to(values[0].dtype).unsqueeze(-1)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(values[0].device.type, enabled=False):
+            logits = torch.stack([(v.to(acc) @ key) / r for v, r in zip(values, rms)])  # (sources, seq_len, batch)
+            weights = logits.softmax(0).to(values[0].dtype).unsqueeze(-1)
         # a running sum instead of one product with the stacked sources: stacking would copy every source
         # at every read and keep the copy for backward (O(L^2) activations); addcmul keeps references only
         out = weights[0] * values[0]

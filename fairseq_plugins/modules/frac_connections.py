@@ -78,8 +78,10 @@ class FracConnection(nn.Module):
         ya, beta = self.static_ya.to(acc), self.static_beta.to(acc)
         if not self.dynamic:
             return ya, beta
-        hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
-        gates = torch.tanh(hbar @ self.dynamic_weight.to(acc))  # (tokens, m, 2m + 1)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(frac.device.type, enabled=False):
+            hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
+            gates = torch.tanh(hbar @ self.dynamic_weight.to(acc))  # (tokens, m, 2m + 1)
         ya = ya + self.alpha_scale.to(acc) * gates[..., :-1]
         beta = beta + self.beta_scale.to(acc) * gates[..., -1]
         return ya, beta
@@ -88,9 +90,12 @@ class FracConnection(nn.Module):
         m = self.fracs
         frac = x.reshape(-1, m, self.width)  # (tokens, m, C/m)
         ya, beta = (c.to(x.dtype) for c in self.coefficients(frac))
-        if ya.dim() == 2:  # static: the same matrices for every token
-            mixed = torch.einsum("ji,tjd->tid", ya, frac)
-        else:
-            mixed = torch.bmm(ya.transpose(1, 2), frac)  # (tokens, 2m, C/m): [Y^T H ; A^T H]
+        # A^T H is the residual path: under autocast it keeps the state's dtype (float32, as the plugin's
+        # residual stream does by promotion) instead of being rounded to half at every sublayer
+        with torch.autocast(x.device.type, enabled=False):
+            if ya.dim() == 2:  # static: the same matrices for every token
+                mixed = torch.einsum("ji,tjd->tid", ya, frac)
+            else:
+                mixed = torch.bmm(ya.transpose(1, 2), frac)  # (tokens, 2m, C/m): [Y^T H ; A^T H]
         out = sublayer(mixed[:, :m].reshape(x.shape)).reshape(-1, m, self.width)
-        return (beta.unsqueeze(-1) * out + mixed[:, m:]).reshape(x.shape)
+        return (beta.unsqueeze(-1) * out.to(x.dtype) + mixed[:, m:]).reshape(x.shape)

@@ -63,14 +63,25 @@ class NormedProjection(nn.Module):
             raise ValueError(f"projection width {linear.out_features} is not divisible by {num_heads} heads")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.norm = HeadNorm(num_heads, linear.out_features // num_heads, eps)
+        # the Linear may already be converted (dtype, device): the norm follows it
+        self.norm = HeadNorm(num_heads, linear.out_features // num_heads, eps).to(linear.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(F.linear(x, self.weight, self.bias))
 
 
+def check_plain_linear(proj: nn.Module, name: str) -> None:
+    """A projection hook rebuilds ``proj`` from its weight and bias: anything else it holds would be lost."""
+    if type(proj) is not nn.Linear or proj._forward_pre_hooks or proj._forward_hooks:
+        raise ValueError(f"{name} must be a plain nn.Linear to attach to, got {type(proj).__name__}"
+                         f"{' with hooks (quant noise?)' if type(proj) is nn.Linear else ''}: the value residual "
+                         f"and HybridNorm's Q/K/V norms cannot share a projection, nor wrap fairseq's quant noise")
+
+
 def attach_qkv_norms(attn: nn.Module, eps: float = EPS) -> None:
     """HybridNorm's N_q, N_k, N_v inside a fairseq MultiheadAttention (see the module docstring)."""
+    for name in ("q_proj", "k_proj", "v_proj"):
+        check_plain_linear(getattr(attn, name), name)
     for name in ("q_proj", "k_proj", "v_proj"):
         setattr(attn, name, NormedProjection(getattr(attn, name), attn.num_heads, eps))
     attn._set_skip_embed_dim_check()  # the fused path would read q/k/v_proj.weight and skip the norms

@@ -147,17 +147,19 @@ class ManifoldHyperConnection(nn.Module):
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input)."""
         n = self.rate
         acc = torch.promote_types(streams.dtype, torch.float32)
-        v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
-        v = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps) * self.gain.to(acc)
-        proj = v @ self.phi.to(acc)
-        gates, bias = self.gates.to(acc), self.bias.to(acc)
-        pre = torch.sigmoid(gates[0] * proj[:, :n] + bias[:n])
-        post = 2.0 * torch.sigmoid(gates[1] * proj[:, n : 2 * n] + bias[n : 2 * n])
-        res_logits = gates[2] * proj[:, 2 * n :] + bias[2 * n :]
-        if self.residual == "permutations":
-            res = torch.einsum("tr,rij->tij", res_logits.softmax(-1), self.perms.to(acc))
-        else:
-            res = sinkhorn(res_logits.view(-1, n, n), self.iters)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(streams.device.type, enabled=False):
+            v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
+            v = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps) * self.gain.to(acc)
+            proj = v @ self.phi.to(acc)
+            gates, bias = self.gates.to(acc), self.bias.to(acc)
+            pre = torch.sigmoid(gates[0] * proj[:, :n] + bias[:n])
+            post = 2.0 * torch.sigmoid(gates[1] * proj[:, n : 2 * n] + bias[n : 2 * n])
+            res_logits = gates[2] * proj[:, 2 * n :] + bias[2 * n :]
+            if self.residual == "permutations":
+                res = torch.einsum("tr,rij->tij", res_logits.softmax(-1), self.perms.to(acc))
+            else:
+                res = sinkhorn(res_logits.view(-1, n, n), self.iters)
         return pre, post, res
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
@@ -165,5 +167,8 @@ class ManifoldHyperConnection(nn.Module):
         flat = streams.reshape(-1, n, dim)
         pre, post, res = (c.to(streams.dtype) for c in self.coefficients(streams))
         u = torch.bmm(pre.unsqueeze(1), flat).view(*lead, dim)  # H_pre x_l
-        out = sublayer(u).reshape(-1, 1, dim)
-        return torch.baddbmm(torch.bmm(res, flat), post.unsqueeze(-1), out).view(*lead, n, dim)
+        out = sublayer(u).reshape(-1, 1, dim).to(flat.dtype)
+        # the streams are the residual stream: under autocast they keep their dtype (float32, as the plugin's
+        # residual stream does by promotion) instead of dropping to half at the first mix
+        with torch.autocast(streams.device.type, enabled=False):
+            return torch.baddbmm(torch.bmm(res, flat), post.unsqueeze(-1), out).view(*lead, n, dim)

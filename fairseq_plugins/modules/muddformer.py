@@ -65,8 +65,10 @@ class DenseConnection(nn.Module):
     def weights(self, x: Tensor) -> Tensor:
         """A_i (seq_len, batch, ways, i + 1), float32 at least."""
         acc = x.to(torch.promote_types(x.dtype, torch.float32))
-        normed = acc * torch.rsqrt(acc.square().mean(-1, keepdim=True) + self.eps)
-        dynamic = F.gelu(normed @ self.w1.to(acc.dtype)) @ self.w2.to(acc.dtype)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(x.device.type, enabled=False):
+            normed = acc * torch.rsqrt(acc.square().mean(-1, keepdim=True) + self.eps)
+            dynamic = F.gelu(normed @ self.w1.to(acc.dtype)) @ self.w2.to(acc.dtype)
         return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
 
     def forward(self, outputs: list) -> tuple:

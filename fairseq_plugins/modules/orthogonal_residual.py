@@ -49,7 +49,8 @@ class OrthogonalResidual(nn.Module):
         acc = torch.promote_types(x.dtype, torch.float32)  # float32 at least (float64 stays float64)
         r = residual.to(acc)
         dot = (r * x.to(acc)).sum(-1, keepdim=True)
-        scale = (dot / (r.square().sum(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # back to the dtype of the result (the code's x.dtype when both agree; the float32 stream under autocast)
+        scale = (dot / (r.square().sum(-1, keepdim=True) + self.eps)).to(torch.promote_types(x.dtype, residual.dtype))
         return residual + (x - scale * residual)
 
     def extra_repr(self) -> str:

@@ -54,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .hybrid_norm import check_plain_linear
+
 MODES = ("identity", "constant", "learnable", "token")
 
 
@@ -65,7 +67,15 @@ class ValueResidual(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"value residual mode must be one of {MODES}, got {mode!r}")
-        if mode == "identity" and tuple(lambdas) != (0.5, 0.5):
+        given = lambdas
+        try:
+            lambdas = tuple(float(v) for v in lambdas)
+        except (TypeError, ValueError):
+            lambdas = ()
+        if len(lambdas) != 2:
+            raise ValueError(f"value residual lambdas must be two numbers (lambda_1 on V_1, lambda_2 on V_n), "
+                             f"got {given!r}")
+        if mode == "identity" and lambdas != (0.5, 0.5):
             raise ValueError("value residual mode 'identity' fixes lambdas = (0.5, 0.5); use 'constant'")
         self.mode = mode
         if mode == "learnable":
@@ -143,10 +153,13 @@ def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tup
     if cross_attention and mode == "token":
         raise ValueError("value residual mode 'token' is undefined for cross-attention (target-indexed "
                          "gate, source-indexed values); use identity, constant or learnable")
+    for attn in attentions:
+        check_plain_linear(attn.v_proj, "v_proj")
     store = {} if store is None else store
     key = "v_first_cross" if cross_attention else "v_first"
     for n, attn in enumerate(attentions):
-        mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas)
+        weight = attn.v_proj.weight  # the attention may already be converted (dtype, device): follow it
+        mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas).to(weight)
         attn.v_proj = ValueResidualProjection(attn.v_proj, mix, store, key)
         attn._set_skip_embed_dim_check()  # the fused path would read v_proj.weight and skip the mix
     return store
