@@ -131,3 +131,22 @@ def test_crossformer_hg_ties_the_decoder_pairs(lm_bin):
     assert layers[0].self_attn.k_proj.weight is layers[1].self_attn.q_proj.weight
     names = [n for n, _ in model.named_parameters()]
     assert len(names) == len({id(p) for p in model.parameters()})
+
+
+def test_adaptations_name_registered_models():
+    # an adaptation keyed by a model name that no longer exists (a refactor renamed it) would silently not apply
+    from fairseq.models import MODEL_REGISTRY
+
+    from fairseq_plugins.lm.decoder_only import ADAPTATIONS
+
+    assert set(ADAPTATIONS) <= set(MODEL_REGISTRY)
+
+
+def test_adaptive_input_and_softmax_as_fairseqs_wikitext_lm(lm_bin):
+    cutoffs = ["--adaptive-input", "--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff", "10,20",
+               "--tie-adaptive-weights", "--adaptive-input-factor", "2", "--adaptive-softmax-factor", "2"]  # fmt: skip
+    model, task, _ = build_lm(lm_bin, "dca_lm_d6", cutoffs)
+    assert type(model.decoder.embed_tokens).__name__ == "AdaptiveInput" and model.decoder.adaptive_softmax is not None
+    with torch.no_grad():
+        features, _ = model(train_batch(task)["net_input"]["src_tokens"], features_only=True)
+    assert torch.isfinite(features).all()

@@ -104,7 +104,8 @@ class PluginLanguageModel(TransformerLanguageModel):
             build = build_decoder_only(cls.translation_model, args, task, cls.build_lm_embedding(args, task))
         return cls(build.decoder, args, build.model)
 
-    # Copied from fairseq 0.12.3 TransformerLanguageModel.build_model (the embedding part); unchanged.
+    # Copied from fairseq 0.12.3 TransformerLanguageModel.build_model (the embedding part); changed: the two cutoffs
+    # are compared as lists (the translation options parse --adaptive-softmax-cutoff into one, the LM's keep a string)
     @classmethod
     def build_lm_embedding(cls, args, task):
         if args.character_embeddings:
@@ -124,9 +125,10 @@ class PluginLanguageModel(TransformerLanguageModel):
         if args.tie_adaptive_weights:
             assert args.adaptive_input
             assert args.adaptive_input_factor == args.adaptive_softmax_factor
-            assert args.adaptive_softmax_cutoff == args.adaptive_input_cutoff, (
-                f"{args.adaptive_softmax_cutoff} != {args.adaptive_input_cutoff}"
+            softmax_cutoff, input_cutoff = (
+                options.eval_str_list(c, type=int) for c in (args.adaptive_softmax_cutoff, args.adaptive_input_cutoff)
             )
+            assert softmax_cutoff == input_cutoff, f"{softmax_cutoff} != {input_cutoff}"
             assert args.decoder_input_dim == args.decoder_output_dim
         return embed_tokens
 
