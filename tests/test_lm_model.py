@@ -71,6 +71,8 @@ def test_options_are_the_lm_and_family_ones(lm_bin):
         parse_lm_args(lm_bin, "dca_lm_d6", ["--hc-rate", "2"])
     with pytest.raises(PluginOptionError, match="decoder-normalize-before"):  # the family's own checks run
         build_lm(lm_bin, "deepnet_lm_d6", ["--decoder-normalize-before"])
+    with pytest.raises(PluginOptionError, match="decoder-layers-to-keep"):  # not supported yet, said so
+        build_lm(lm_bin, "residual_lm_d6", ["--decoder-layers-to-keep", "0,2"])
 
 
 def _fairseq_lm(data, arch: str):

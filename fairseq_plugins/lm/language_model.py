@@ -35,6 +35,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from omegaconf import OmegaConf, open_dict
 
+from ..validation import PluginOptionError
 from .decoder_only import build_decoder_only
 
 # translation options a decoder-only model never reads (besides every encoder_* option)
@@ -97,6 +98,13 @@ class PluginLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        if getattr(args, "decoder_layers_to_keep", None):
+            # the families prune through their translation model's bookkeeping (encoder and decoder), which a
+            # decoder-only model does not have yet; refuse rather than fail deep inside a family
+            raise PluginOptionError(
+                f"--decoder-layers-to-keep cannot be used with the plugin's language models ({cls.family}_lm) yet: "
+                "train or evaluate the full stack"
+            )
         with open_dict(args) if OmegaConf.is_config(args) else ExitStack():
             family_architecture(args, cls.translation_arch)
             if getattr(args, "max_target_positions", None) is None:
