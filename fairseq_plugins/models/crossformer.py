@@ -40,6 +40,7 @@ from ..modules.cross_layer_guidance import (
     tie_pairs,
     tied_parameter_count,
 )
+from ..precision import AutocastModel
 from ..validation import (
     PluginOptionError,
     argparse_type,
@@ -97,7 +98,7 @@ def record_pruned_layer_ids(args) -> None:
             setattr(args, layer_ids_attr(side), ",".join(map(str, ids)))
 
 
-class _CrossformerModel(TransformerModel):
+class _CrossformerModel(AutocastModel, TransformerModel):
     """fairseq's transformer plus the guidance pairs of its encoder and decoder layer stacks."""
 
     @classmethod

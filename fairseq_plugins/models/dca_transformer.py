@@ -63,6 +63,7 @@ from ..modules.depth_stack import (
     stack_entries,
 )
 from ..modules.grn import GRN
+from ..precision import AutocastModel
 from ..validation import PluginOptionError, argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from .presets import register_family
@@ -281,7 +282,7 @@ def check_dca_args(args) -> None:
 
 
 @register_model("dca_transformer")
-class DCATransformerModel(TransformerModel):
+class DCATransformerModel(AutocastModel, TransformerModel):
     """DeepCrossAttention encoder-decoder (arXiv:2502.06785): fairseq's Pre-LN transformer whose layers read
     GRN mixtures of all earlier layer outputs instead of the residual stream."""
 

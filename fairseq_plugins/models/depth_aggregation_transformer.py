@@ -22,6 +22,7 @@ from ..modules.depth_aggregation import (
     DynamicLinearCombination,
 )
 from ..modules.depth_stack import DepthStack
+from ..precision import AutocastModel
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
 from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
@@ -131,7 +132,7 @@ def check_denseformer_args(args) -> None:
 
 
 @register_model("denseformer_transformer")
-class DenseFormerTransformerModel(TransformerModel):
+class DenseFormerTransformerModel(AutocastModel, TransformerModel):
     """DenseFormer encoder-decoder (arXiv:2402.02622): a depth-weighted average after every (p-th) block."""
 
     @classmethod
@@ -177,7 +178,7 @@ def check_dlcl_args(args) -> None:
 
 
 @register_model("dlcl_transformer")
-class DLCLTransformerModel(TransformerModel):
+class DLCLTransformerModel(AutocastModel, TransformerModel):
     """DLCL encoder-decoder (Wang et al., ACL 2019): every layer reads a learned linear combination of the
     LayerNorm'd outputs of all earlier layers (Pre-LN form)."""
 

@@ -25,6 +25,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..modules.hyper_connections import MODES, HyperConnection
+from ..precision import AutocastModel
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
@@ -175,7 +176,7 @@ def check_hc_args(args) -> None:
 
 
 @register_model("hc_transformer")
-class HCTransformerModel(TransformerModel):
+class HCTransformerModel(AutocastModel, TransformerModel):
     """Hyper-connections encoder-decoder (arXiv:2409.19606): fairseq's Pre-LN transformer on n streams."""
 
     @classmethod

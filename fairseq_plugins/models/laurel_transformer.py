@@ -14,6 +14,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from torch import nn
 
 from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
+from ..precision import AutocastModel
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
 from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
@@ -80,7 +81,7 @@ def laurel_options(args) -> dict:
 
 
 @register_model("laurel_transformer")
-class LaurelTransformerModel(TransformerModel):
+class LaurelTransformerModel(AutocastModel, TransformerModel):
     """LAuReL encoder-decoder (arXiv:2411.07501): fairseq's Pre-LN transformer with a learned augmented
     residual connection around every layer."""
 

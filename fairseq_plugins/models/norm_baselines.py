@@ -24,6 +24,7 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 from ..modules import admin, normformer
 from ..modules import residual_wiring as rw
+from ..precision import AutocastModel
 from ..validation import PluginOptionError, argparse_type, check_bool, check_choice
 from .baselines import POST_LN, PRE_LN
 from .layer_pruning import check_layers_to_keep
@@ -66,7 +67,7 @@ def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
             )
 
 
-class _WiredModel(TransformerModel):
+class _WiredModel(AutocastModel, TransformerModel):
     """fairseq's transformer with family-specific layers and an optional init pass after building.
 
     Layer pruning: fairseq's, as is, where a layer's forward reads nothing from the stack's depth (the

@@ -19,6 +19,7 @@ from ..modules.dual_residual import (
     ResiDualDecoderLayer,
     ResiDualEncoderLayer,
 )
+from ..precision import AutocastModel
 from ..validation import PluginOptionError, argparse_type, check_float
 from .layer_pruning import check_layers_to_keep
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
@@ -110,7 +111,7 @@ def check_residual_args(args) -> None:
 
 
 @register_model("residual_transformer")
-class ResiDualTransformerModel(TransformerModel):
+class ResiDualTransformerModel(AutocastModel, TransformerModel):
     """ResiDual encoder-decoder (arXiv:2304.14802): fairseq's transformer with dual residual streams."""
 
     @classmethod

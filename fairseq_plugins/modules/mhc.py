@@ -1,0 +1,169 @@
+"""mHC, manifold-constrained hyper-connections (Xie et al., DeepSeek, "mHC: Manifold-Constrained
+Hyper-Connections", arXiv:2512.24880 v2, sections 3-4, eq. 3 and 7-9, appendix A.1 table 5), and mHC-lite
+(Yang & Gao, arXiv:2601.05732: the residual matrix as a convex combination of permutation matrices).
+
+A token carries n streams x_l in R^{n x C} (the embedding replicated n times at the stack input). Every
+sublayer (encoder: self-attention, FFN; decoder: self-attention, cross-attention, FFN) replaces x + F(x) by
+
+    x_{l+1} = H_res x_l + H_post^T F(H_pre x_l)                          (eq. 3)
+
+with F the Pre-LN sublayer dropout(F(LN(u))), u = H_pre x_l (width C). Coefficients per token (eq. 7-9):
+
+    v  = vec(x_l) in R^{nC},   v' = RMSNorm(v)   (eps 1e-20, table 5; a learned gain of size nC, init 1)
+    H~_pre = a_pre (v' phi_pre) + b_pre           phi_pre, phi_post in R^{nC x n}
+    H~_post = a_post (v' phi_post) + b_post
+    H~_res = a_res mat(v' phi_res) + b_res        phi_res in R^{nC x n^2}; no tanh (HC had one)
+    H_pre = sigmoid(H~_pre),  H_post = 2 sigmoid(H~_post),  H_res = SK(H~_res)
+    SK: M^0 = exp(H~_res), M^t = T_r(T_c(M^{t-1})) (columns, then rows), t_max = 20
+
+so the rows of H_res sum to 1 exactly and its columns to Sinkhorn's tolerance. We iterate in the log domain
+(subtracting logsumexp), which gives the same iterates as the paper's exp-then-divide without overflow.
+mHC-lite (``residual="permutations"``): H_res = sum_k a_k P_k over the n! permutation matrices (itertools
+order, index 0 = identity), a = softmax(a_res (v' phi_res) + b_res), phi_res in R^{nC x n!}: exactly doubly
+stochastic, no iterations; everything else as mHC.
+
+Constants: n = 4, gating factors a_pre = a_post = a_res = 0.01 (table 5), t_max = 20. phi = 0 at
+initialisation (not stated by the paper; HC's and both reference codes' choice), so every coefficient starts
+at its static part. All coefficient maths (RMSNorm, products with phi, sigmoid, Sinkhorn, softmax) runs in
+float32 (the paper's table keeps coefficients fp32); the mixing itself runs in the streams' dtype.
+
+Static init b (the paper states none). ``bias_init="preln"`` (default, ours): HC's initialisation (H_pre =
+e_{k mod n}, H_res = I, H_post = 1, site k) mapped through mHC's constraints: b_pre = +1 on stream k mod n and
+-1 elsewhere (sigmoid cannot be one-hot; the branch input is then 0.73 x_k + 0.27 sum_others, which is 1.54 h
+when all streams equal h, and the sublayer's LayerNorm removes the scale), b_post = 0 (H_post = 1 exactly),
+b_res = 0 on the diagonal and -8 off it (H_res ~ I; any row-stochastic H_res maps equal streams to
+themselves). So at initialisation every stream equals the Pre-LN state (up to LayerNorm's eps), and the
+asymmetric b_pre breaks the symmetry between streams. ``bias_init="mhc_lite"``: the FFTYYY/mhc-lite code's
+values (its ``mhc.py`` and ``mhc_lite.py``, read at ea19775): the same b_pre and b_res, b_post = +1 on
+stream k mod n, -1 elsewhere (H_post = 1.46 / 0.54): not Pre-LN at initialisation.
+
+Where the reference code departs from the paper (noted, not offered): lucidrains' ``mHCv2`` computes the
+coefficients per stream from each stream's C-dim RMSNorm (fewer parameters), starts H_res at SK(exp I)
+(0.475 / 0.175 for n = 4, not near I) and ends Sinkhorn on columns; mhc-lite also ends on columns and takes
+``F.normalize`` (no eps) for the RMSNorm. We end on rows as the paper does.
+
+Encoder-decoder decisions (ours; the paper is decoder-only):
+- one unit per sublayer, cross-attention included, each with its own phi, b, a (``site`` counts sublayers
+  through the stack, so b_pre's favoured stream rotates);
+- separate stream sets per stack, each starting from its embedding replicated n times (``expand_streams``);
+- the encoder output read by cross-attention: ``collapse_streams`` sums the streams, then the stack's final
+  LayerNorm (HC's read-out, as ``hyper_connections.py``); ``order="norm_then_sum"`` is mhc-lite's LN-then-sum;
+- dropout is part of F, before H_post (HC's algorithm applies dropout to the branch output);
+- per position across depth: the coefficients of a token depend on its own streams only. Incremental decoding
+  keeps fairseq's K/V caches unchanged (they are built from u); the n x C streams of the current step live
+  only while the step's layers run, and beam reordering has nothing extra to reorder;
+- weight decay: HC excludes the static parts; b, a and the gain should be excluded (the optimiser's business).
+
+Interface: ``ManifoldHyperConnection(embed_dim, rate=4, site=0, residual="sinkhorn", ...)``;
+``forward(streams, sublayer)`` with streams `(seq_len, batch, n, embed_dim)` and ``sublayer`` mapping u
+`(seq_len, batch, embed_dim)` to dropout(F(LN(u))); returns the new streams.
+"""
+
+import itertools
+import math
+
+import torch
+from torch import Tensor, nn
+
+RESIDUALS = ("sinkhorn", "permutations")
+BIAS_INITS = ("preln", "mhc_lite")
+COLLAPSE_ORDERS = ("sum_then_norm", "norm_then_sum")
+GATE_INIT = 0.01
+SINKHORN_ITERS = 20
+RMS_EPS = 1e-20
+OFF_DIAGONAL_LOGIT = -8.0
+
+
+def sinkhorn(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
+    """SK(logits) of eq. 9 over the last two dims: exp, then ``iters`` x (columns, then rows), log domain."""
+    log_m = logits
+    for _ in range(iters):
+        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)  # T_c: every column sums to 1
+        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)  # T_r: every row sums to 1
+    return log_m.exp()
+
+
+def permutation_matrices(n: int) -> Tensor:
+    """The n! permutation matrices (n!, n, n) in itertools order; index 0 is the identity."""
+    perms = torch.tensor(list(itertools.permutations(range(n))))
+    return torch.eye(n)[perms]
+
+
+def expand_streams(x: Tensor, rate: int) -> Tensor:
+    """(seq_len, batch, C) -> (seq_len, batch, n, C): the stack input replicated n times."""
+    return x.unsqueeze(-2).expand(*x.shape[:-1], rate, x.shape[-1]).contiguous()
+
+
+def collapse_streams(streams: Tensor, norm: nn.Module | None = None, order: str = "sum_then_norm") -> Tensor:
+    """The stack output: the sum of the n streams, then ``norm`` (or each stream normed, then summed)."""
+    if order not in COLLAPSE_ORDERS:
+        raise ValueError(f"stream collapse order must be one of {COLLAPSE_ORDERS}, got {order!r}")
+    if norm is None:
+        return streams.sum(-2)
+    return norm(streams.sum(-2)) if order == "sum_then_norm" else norm(streams).sum(-2)
+
+
+class ManifoldHyperConnection(nn.Module):
+    """The mHC (or mHC-lite) unit of one sublayer.
+
+    Args:
+        embed_dim: C.
+        rate: n, the number of streams (mHC-lite needs n! coefficients: n <= 5).
+        site: k, the sublayer's index in its stack (b_pre favours stream k mod n).
+        residual: ``sinkhorn`` (mHC) or ``permutations`` (mHC-lite).
+        sinkhorn_iters: t_max (``sinkhorn`` only).
+        bias_init: ``preln`` or ``mhc_lite`` (see the module docstring).
+        gate_init: the initial a_pre, a_post, a_res.
+    """
+
+    def __init__(self, embed_dim: int, rate: int = 4, site: int = 0, residual: str = "sinkhorn",
+                 sinkhorn_iters: int = SINKHORN_ITERS, bias_init: str = "preln", gate_init: float = GATE_INIT,
+                 rms_eps: float = RMS_EPS):
+        super().__init__()
+        if residual not in RESIDUALS or bias_init not in BIAS_INITS:
+            raise ValueError(f"mHC residual must be one of {RESIDUALS} and bias_init one of {BIAS_INITS}")
+        if rate < 1 or (residual == "permutations" and rate > 5):
+            raise ValueError(f"mHC rate must be >= 1 (<= 5 with permutations: n! coefficients), got {rate}")
+        if sinkhorn_iters < 1:
+            raise ValueError(f"mHC sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
+        self.rate, self.residual, self.iters, self.rms_eps = rate, residual, sinkhorn_iters, rms_eps
+        n, k = rate, site % rate
+        res_size = math.factorial(n) if residual == "permutations" else n * n
+        self.gain = nn.Parameter(torch.ones(n * embed_dim))  # RMSNorm weight (the paper folds it into phi)
+        self.phi = nn.Parameter(torch.zeros(n * embed_dim, 2 * n + res_size))  # [phi_pre | phi_post | phi_res]
+        self.gates = nn.Parameter(torch.full((3,), float(gate_init)))  # a_pre, a_post, a_res
+        b_pre = torch.full((n,), -1.0)
+        b_pre[k] = 1.0
+        b_post = b_pre.clone() if bias_init == "mhc_lite" else torch.zeros(n)
+        if residual == "permutations":
+            b_res = torch.full((res_size,), OFF_DIAGONAL_LOGIT)
+            b_res[0] = 0.0  # the identity permutation
+            self.register_buffer("perms", permutation_matrices(n), persistent=False)
+        else:
+            b_res = torch.full((n, n), OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0).flatten()
+        self.bias = nn.Parameter(torch.cat([b_pre, b_post, b_res]))
+
+    def coefficients(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input)."""
+        n = self.rate
+        acc = torch.promote_types(streams.dtype, torch.float32)
+        v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
+        v = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps) * self.gain.to(acc)
+        proj = v @ self.phi.to(acc)
+        gates, bias = self.gates.to(acc), self.bias.to(acc)
+        pre = torch.sigmoid(gates[0] * proj[:, :n] + bias[:n])
+        post = 2.0 * torch.sigmoid(gates[1] * proj[:, n : 2 * n] + bias[n : 2 * n])
+        res_logits = gates[2] * proj[:, 2 * n :] + bias[2 * n :]
+        if self.residual == "permutations":
+            res = torch.einsum("tr,rij->tij", res_logits.softmax(-1), self.perms.to(acc))
+        else:
+            res = sinkhorn(res_logits.view(-1, n, n), self.iters)
+        return pre, post, res
+
+    def forward(self, streams: Tensor, sublayer) -> Tensor:
+        *lead, n, dim = streams.shape
+        flat = streams.reshape(-1, n, dim)
+        pre, post, res = (c.to(streams.dtype) for c in self.coefficients(streams))
+        u = torch.bmm(pre.unsqueeze(1), flat).view(*lead, dim)  # H_pre x_l
+        out = sublayer(u).reshape(-1, 1, dim)
+        return torch.baddbmm(torch.bmm(res, flat), post.unsqueeze(-1), out).view(*lead, n, dim)

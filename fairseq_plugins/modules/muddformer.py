@@ -1,0 +1,117 @@
+"""MUDDFormer, multiway dynamic dense connections (Xiao et al., "MUDDFormer: Breaking Residual Bottlenecks in
+Transformers via Multiway Dynamic Dense Connections", arXiv:2502.12170, eq. 5-8 and section 3 (equation
+numbers via third-party notes); authors' code Caiyun-AI/MUDDFormer ``pytorch/muddformer/
+modeling_muddformer.py`` (MultiwayDynamicDenseBlock, TransformerBlock) and ``jax/MaxText/layers/llama2.py``
+(the training code's init), read at fc067b2).
+
+After each block i (a whole Transformer layer, not a sublayer), a position-wise MLP on the block output X_i
+generates, for each of C ways (Q, K, V, R), weights over all block outputs X_0 .. X_i (X_0 = embedding):
+
+    A_i = GELU(RMSNorm(X_i) W1) W2 + a_i        W1 in R^{D x K_i}, W2 in R^{K_i x C(i+1)}, a_i in R^{C x (i+1)}
+    Xbar_i^c[t] = sum_{j=0}^{i} A_i^c[t, j] X_j[t],   c in {Q, K, V, R}          unnormalised (eq. 5-6)
+
+and the next block takes the four inputs separately (eq. 7): X'_A = MHA(LN_Q(Xbar^Q), LN_K(Xbar^K),
+LN_V(Xbar^V)) + Xbar^R, then X' = X'_A + FFN(LN(X'_A)); one LN per stream (the code's ``sepln``; block 1 reads
+X_0 for every way). The last connection (after block L) has C = 1 (R only) and the stack output is
+Xbar_L^R -> final norm -> head (eq. 8).
+
+Init (training code): W1 ~ N(0, 1/D) (fan-in normal), W2 = 0, no biases in the MLP, a_i = 1 at j = i and 0
+elsewhere (``current_only``), so every way starts as X_i: each block reads the previous block's output and
+the model is exactly its Pre-LN transformer at initialisation (the per-stream LNs start identical). The
+RMSNorm has no learned scale (``RMSnormNoscale``, eps 1e-6 from the released config). K_i = C(i+1) as in the
+paper; the code's extras are options: ``round64`` (K rounded up to (K // 64 + 1) * 64) and ``expand_last``
+(the last connection's hidden size x4), both on in the released 2.8B config; ``mudd_prenorm/postnorm``
+variants of the bias init are not offered. The MLP and the weights A run in float32 (at least); the
+aggregation in the outputs' dtype.
+
+Encoder-decoder decisions (ours; the paper is decoder-only):
+- encoder: MUDD over the encoder blocks; Xbar_L^R + the final LN is the encoder output cross-attention reads;
+- decoder: the Q/K/V ways feed self-attention and R is its residual. Cross-attention, minimal (default,
+  ``ways=4``): an ordinary Pre-LN sublayer on X'_A; ``ways=5`` adds a fifth way for the cross-attention
+  query (Xbar^C: cross-attention reads LN_C(Xbar^C), its residual stays X'_A); the layer loop decides which
+  it wires; this module only produces the ways;
+- per position across depth: the weights of token t depend on X_i[t] only. A decoding step keeps the
+  current token's block outputs X_0 .. X_i (the code's ``LayerCache`` with T = 1, alive for the step); past
+  positions' self-attention K/V stay in fairseq's cache, computed from their own K and V ways; beam
+  reordering has nothing extra to reorder.
+
+Interface: ``MultiwayDenseConnections(embed_dim, num_layers, ways=4)``; per forward pass (or decoding step)
+``state, inputs = mudd.start(x0)`` (``inputs`` = the ways for block 1, all x0), then after block i (1-based)
+``inputs = mudd(i, state, x_i)``: a tuple of ``ways`` tensors `(seq_len, batch, embed_dim)` for block i + 1,
+or of one tensor (Xbar_L^R, before the final norm) after the last block.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+RMS_EPS = 1e-6
+
+
+class DenseConnection(nn.Module):
+    """The dynamic dense connection after block i: A_i and the aggregation over X_0 .. X_i."""
+
+    def __init__(self, embed_dim: int, index: int, ways: int, hidden: int, eps: float = RMS_EPS):
+        super().__init__()
+        self.index, self.ways, self.eps = index, ways, eps
+        self.w1 = nn.Parameter(torch.randn(embed_dim, hidden) / math.sqrt(embed_dim))  # N(0, 1/D)
+        self.w2 = nn.Parameter(torch.zeros(hidden, ways * (index + 1)))
+        static = torch.zeros(ways, index + 1)
+        static[:, index] = 1.0  # current_only: every way starts as X_i
+        self.static = nn.Parameter(static)
+
+    def weights(self, x: Tensor) -> Tensor:
+        """A_i (seq_len, batch, ways, i + 1), float32 at least."""
+        acc = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = acc * torch.rsqrt(acc.square().mean(-1, keepdim=True) + self.eps)
+        dynamic = F.gelu(normed @ self.w1.to(acc.dtype)) @ self.w2.to(acc.dtype)
+        return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
+
+    def forward(self, outputs: list) -> tuple:
+        a = self.weights(outputs[-1]).to(outputs[-1].dtype).unsqueeze(-1)  # (seq_len, batch, ways, i + 1, 1)
+        # a running sum over the block outputs: a stacked copy per connection would be kept for backward
+        mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
+        for j in range(1, self.index + 1):
+            mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
+        return tuple(mixed.unbind(-2))
+
+
+class MultiwayDenseConnections(nn.Module):
+    """MUDD connections of one stack of ``num_layers`` blocks.
+
+    Args:
+        embed_dim: D.
+        num_layers: L.
+        ways: C of the connections after blocks 1 .. L-1 (4 = Q, K, V, R; 5 adds a cross-attention query way).
+        round64: K_i rounded up to (K_i // 64 + 1) * 64 (code).
+        expand_last: the last connection's hidden size x4 (code).
+    """
+
+    def __init__(self, embed_dim: int, num_layers: int, ways: int = 4, round64: bool = False,
+                 expand_last: bool = False, eps: float = RMS_EPS):
+        super().__init__()
+        if ways not in (4, 5):
+            raise ValueError(f"MUDD ways must be 4 (Q, K, V, R) or 5 (+ cross-attention query), got {ways}")
+        if num_layers < 1:
+            raise ValueError(f"MUDD needs num_layers >= 1, got {num_layers}")
+        self.ways, self.num_layers = ways, num_layers
+        connections = []
+        for i in range(1, num_layers + 1):
+            c = 1 if i == num_layers else ways
+            hidden = c * (i + 1) * (4 if expand_last and i == num_layers else 1)
+            if round64:
+                hidden = (hidden // 64 + 1) * 64
+            connections.append(DenseConnection(embed_dim, i, c, hidden, eps))
+        self.connections = nn.ModuleList(connections)
+
+    def start(self, x0: Tensor) -> tuple[list, tuple]:
+        return [x0], (x0,) * self.ways
+
+    def forward(self, index: int, state: list, output: Tensor) -> tuple:
+        """Records X_index (1-based block index) and returns the ways for block index + 1 (or Xbar_L^R)."""
+        if not 1 <= index <= self.num_layers or len(state) != index:
+            raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
+        state.append(output)
+        return self.connections[index - 1](state)

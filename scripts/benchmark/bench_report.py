@@ -1,0 +1,200 @@
+"""The benchmark's report: the targets' verdicts and the Markdown tables (ratios, absolute throughput, memory,
+MFU; per precision when several were measured; the profiles of the families that miss a target)."""
+
+from bench_families import BASELINE, TARGETS
+
+# the metrics whose rows hold per-round ratios (a dict with a median) and that a profile can explain; memory
+# is one deterministic ratio, and its breakdown is in the memory measurement itself
+THROUGHPUT_METRICS = ("train", "decode")
+
+
+def missed_metrics(family: str, depth: str, row: dict) -> list[str]:
+    """The throughput metrics (train, decode) on which ``row`` misses one of the family's targets."""
+    return [t.metric for t in TARGETS
+            if t.family == family and t.metric in THROUGHPUT_METRICS and t.depth in (None, depth)
+            and f"{t.metric}_ratio" in row and not t.holds(row[f"{t.metric}_ratio"]["median"])]  # fmt: skip
+
+
+def check_targets(results: list[dict]) -> list[dict]:
+    """Every target of a measured family, with its value, verdict and whether the spread settles it."""
+    verdicts = []
+    by_family: dict[str, list[tuple[dict, dict]]] = {}
+    for res in results:
+        for family, row in res["families"].items():
+            by_family.setdefault(family, []).append((res, row))
+    for target in TARGETS:
+        measured = by_family.get(target.family, [])
+        if target.metric == "train_flat":
+            if len(measured) < 2:
+                continue
+            ordered = sorted(measured, key=lambda rr: sum(rr[0]["layers"]))
+            first, last = (rr[1]["train_ratio"]["median"] for rr in (ordered[0], ordered[-1]))
+            value = last / first
+            verdicts.append({"target": target, "depth": f"{ordered[-1][0]['depth']} / {ordered[0][0]['depth']}",
+                             "value": value, "pass": target.holds(value), "settled": True})  # fmt: skip
+            continue
+        for res, row in measured:
+            if target.depth not in (None, res["depth"]):
+                continue
+            if target.metric == "memory":
+                if "memory_ratio" not in row:
+                    continue
+                value, settled = row["memory_ratio"], True
+            else:
+                key = f"{target.metric}_ratio"
+                if key not in row:
+                    continue
+                value = row[key]["median"]
+                settled = target.holds(row[key]["min"]) == target.holds(row[key]["max"])
+            verdict = {"target": target, "depth": res["depth"], "value": value, "pass": target.holds(value),
+                       "settled": settled}
+            if target.metric == "train":  # model TFLOP/s of the family and of its baseline (MFU = / peak)
+                verdict["model_tflops_per_s"] = [row["model_tflops_per_s"]["median"],
+                                                 res["baseline"]["model_tflops_per_s"]["median"]]  # fmt: skip
+            verdicts.append(verdict)
+    return verdicts
+
+
+
+def _ratio(row: dict, key: str) -> str:
+    cell = row.get(key)
+    return f"**{cell['median']:.2f}** ({cell['min']:.2f}-{cell['max']:.2f}; CPU {cell['cpu']:.2f})" if cell else "-"
+
+
+def _table_row(depth: str, name: str, row: dict, base: dict, peak_flops: float) -> str:
+    is_base = row is base
+    flops, base_flops = row["counted_matmul_flops_per_step"], base["counted_matmul_flops_per_step"]
+    memory = row.get("memory", {}).get("peak_bytes")
+    decode = row.get("decode_sentences_per_s")
+    cells = [
+        depth.upper(),
+        f"`{name}`",
+        "1" if is_base else _ratio(row, "train_ratio"),
+        "1" if is_base and decode else _ratio(row, "decode_ratio"),
+        "1" if is_base and memory else (f"{row['memory_ratio']:.2f}" if "memory_ratio" in row else "-"),
+        f"{row.get('parameter_ratio', 1.0):.2f}",
+        f"{flops / base_flops:.2f}" if flops and base_flops else "-",
+        f"{row['train_tokens_per_s']['median']:.0f}",
+        f"{decode['median']:.2f}" if decode else "-",
+        f"{memory / 2**20:.0f}" if memory else "-",
+        f"{row['model_tflops_per_s']['median'] * 1e12 / peak_flops:.1%}" if peak_flops else "-",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown(report: dict) -> str:
+    m, s = report["machine"], report["settings"]
+    header = (
+        f"Ratios to the matched `{BASELINE}_*` (fairseq's transformer, Pre-LN) measured in the same run: "
+        f"median over {s['rounds']} interleaved rounds of wall-clock throughput (min-max; CPU: median ratio "
+        f"of process CPU times, immune to time lost to other processes). Width {s['width']}; {s['threads']} "
+        f"thread(s) on {m['cpu']} ({m['cpus']} CPUs), torch {m['torch']}; {report['corpus']}, "
+        f"{s['train_batches']} training batch(es) of <= {s['max_tokens']} tokens; beam {s['beam']}, "
+        f"{s['decode_sentences']} sentences decoded to exactly {s['decode_len']} tokens; "
+        + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s" if m["matmul_peak_gflops"] else "")
+        + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
+        + _device_sentence(report)
+    )
+    if report.get("command"):
+        header += (f" Made by `OMP_NUM_THREADS={s['threads']} {report['command']}` in "
+                   f"{report.get('seconds', 0) / 60:.0f} minutes.")  # fmt: skip
+    lines = [
+        header,
+        "",
+        "| depth | family | train ratio | decode ratio | peak-memory ratio | params ratio | FLOPs ratio | train tok/s | decode sent/s | peak memory MiB | MFU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    peak_flops = (m["matmul_peak_gflops"] or 0) * 1e9
+    checks: list[str] = []
+    for res in report["results"]:
+        base = res["baseline"]
+        lines.append(_table_row(res["depth"], BASELINE, base, base, peak_flops))
+        for name, row in res["families"].items():
+            lines.append(_table_row(res["depth"], name, row, base, peak_flops))
+        for family, why in res["skipped"].items():
+            lines.append(f"| {res['depth'].upper()} | `{family}` | skipped: {why} | | | | | | | | |")
+        if base["counted_matmul_flops_per_step"]:
+            checks.append(f"{res['depth'].upper()} {base['counted_matmul_flops_per_step'] / base['formula_flops_per_step']:.3f}")
+    lines += ["", "FLOPs ratio: matmul FLOPs of one training step as FlopCounterMode counts them, over the "
+              "baseline's (the work a family adds). MFU: the docstring's model-FLOPs formula (the same for a "
+              "family and its baseline) per second over the matmul peak; counted/formula FLOPs for the "
+              f"baseline: {', '.join(checks)}." if checks else ""]
+    notes = sorted({f"`{name}`: {row['note']}" for res in report["results"]
+                    for name, row in res["families"].items() if row["note"]})  # fmt: skip
+    notes += [f"`{family}` not benchmarked: no preset at these depths (it has {', '.join(archs)})"
+              for family, archs in report["not_benchmarked"].items()]  # fmt: skip
+    lines += ["", *[f"Note: {n}." for n in notes]] if notes else []
+    lines += ["", "| target | depth | measured | MFU (baseline's) | verdict |", "|---|---|---:|---:|---|"]
+    for v in report["targets"]:
+        t = v["target"]
+        verdict = ("PASS" if v["pass"] else "FAIL") + ("" if v["settled"] else " (within spread)")
+        mfu = "-"
+        if "model_tflops_per_s" in v and peak_flops:
+            family_mfu, base_mfu = (tf * 1e12 / peak_flops for tf in v["model_tflops_per_s"])
+            mfu = f"{family_mfu:.1%} ({base_mfu:.1%})"
+        lines.append(f"| `{t['family']}` {t['metric']} {t['op']} {t['bound']:.2f} | {v['depth']} | "
+                     f"{v['value']:.2f} | {mfu} | {verdict} |")  # fmt: skip
+    if not report["targets"]:
+        lines.append("| (no target applies to the measured families) | | | | |")
+    if any("model_tflops_per_s" in v for v in report["targets"]):
+        lines += ["", ("MFU beside a training target: the family's and (in brackets) its baseline's, from the "
+                       "same model-FLOPs formula, so their quotient is the throughput ratio of the medians; the aim "
+                       "is a family within 5% of its baseline.")]
+    lines += precision_table(report)
+    for res in report["results"]:
+        for name, prof in res.get("profiles", {}).items():
+            total, base_total = prof["total_ms"]
+            what = "training step, largest batch" if name.endswith("train") else "decoding batch"
+            title = (f"Profile, {res['depth'].upper()} `{name}` (one {what}; per operator the least self CPU ms "
+                     f"of {report['settings']['profile_repeats']} interleaved profiles, and its calls): {total:.0f} ms "
+                     f"against the baseline's {base_total:.0f} ms; operators by extra time:")  # fmt: skip
+            lines += ["", title, "", "| operator | ms | calls | baseline ms | baseline calls | extra ms |",
+                      "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+            lines += [f"| `{o['op']}` | {o['ms']:.1f} | {o['calls']} | {o['baseline_ms']:.1f} | {o['baseline_calls']} | "
+                      f"{o['ms'] - o['baseline_ms']:+.1f} |" for o in prof["top"]]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _device_sentence(report: dict) -> str:
+    """Nothing for the default CPU float32 run (its report reads as it always did), else the device and precisions."""
+    s = report["settings"]
+    device, precisions = s.get("device", "cpu"), s.get("precisions", ["fp32"])
+    if device == "cpu" and precisions == ["fp32"]:
+        return ""
+    gpu = f" ({report['machine']['gpu']})" if report["machine"].get("gpu") else ""
+    return (f" Device {device}{gpu}; precisions {', '.join(precisions)} (fp16: fairseq's --fp16; bf16: the "
+            f"plugin's bfloat16 autocast), each against the baseline in the same precision; the main "
+            f"table is {precisions[0]}.")  # fmt: skip
+
+
+def precision_table(report: dict) -> list[str]:
+    """One row per depth and model, per precision: training tok/s (ratio), decoding sent/s (ratio), peak MiB."""
+    precisions = report["settings"].get("precisions", ["fp32"])
+    if len(precisions) < 2:
+        return []
+    head = ["depth", "family"] + [f"{p} {what}" for p in precisions for what in ("train tok/s (ratio)",
+                                                                              "decode sent/s (ratio)", "peak MiB")]
+    lines = ["", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (3 * len(precisions))]
+
+    def cells(row: dict | None, is_base: bool) -> list[str]:
+        if row is None:
+            return ["-", "-", "-"]
+        ratio = {k: "1" if is_base else (f"{row[k]['median']:.2f}" if k in row else "-")
+                 for k in ("train_ratio", "decode_ratio")}  # fmt: skip
+        decode = row.get("decode_sentences_per_s")
+        memory = row.get("memory", {}).get("peak_bytes")
+        return [f"{row['train_tokens_per_s']['median']:.0f} ({ratio['train_ratio']})",
+                f"{decode['median']:.2f} ({ratio['decode_ratio']})" if decode else "-",
+                f"{memory / 2**20:.0f}" if memory else "-"]  # fmt: skip
+
+    for res in report["results"]:
+        by = {precisions[0]: {"baseline": res["baseline"], "families": res["families"]}, **res.get("other_precisions", {})}
+        names = [BASELINE, *res["families"]]
+        for name in names:
+            row = [res["depth"].upper(), f"`{name}`"]
+            for p in precisions:
+                part = by.get(p, {})
+                row += cells(part.get("baseline") if name == BASELINE else part.get("families", {}).get(name),
+                             name == BASELINE)  # fmt: skip
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
