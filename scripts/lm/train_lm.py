@@ -11,7 +11,7 @@ exact: every update holds ``tokens_per_update / tokens_per_sample`` blocks of ``
 split as ``processes x --batch-size x --update-freq`` for any number of GPUs and nodes (``--batch-size`` blocks
 per GPU at most ``max_tokens / tokens_per_sample``; ``--required-batch-size-multiple 1`` so fairseq does not
 round it). With ``--sample-break-mode none`` only a split's last block can be shorter. Launching (one process,
-torchrun or SLURM) is the translation recipe's (scripts/training/train_recipe.py).
+torchrun or SLURM) is the translation recipe's (scripts/training/train_options.py).
 
 Golden commands: ``--write-golden tests/golden/lm_commands.txt`` rewrites the table tests/test_lm_recipes.py
 compares.
@@ -20,7 +20,7 @@ compares.
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "training")]  # setups, train_recipe, training_common
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "training")]  # setups, train_options, train_run, ...
 
 import argparse
 import time
@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 
 from lm_setups import FIELDS, SETUPS, SETUPS_ORDER
 from setups import Sourced, exact_worlds, override, split_batch
-from train_recipe import (
+from train_options import (
     choose_launcher,
     cuda_devices,
     launcher_prefix,
     precision_options,
-    render,
-    stream,
 )
+from train_run import render, stream
 from training_common import (
     PLUGIN_DIR,
     REPO,
