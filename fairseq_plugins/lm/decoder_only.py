@@ -17,7 +17,8 @@ decoder (Crossformer-SG's ``guidance_loss``, Admin's ``profile_admin``); it hold
 
 Depths: formulas written for N encoder and M decoder layers read N = M (the LM's arch sets the encoder
 options to the decoder's). Where the paper gives a decoder-only constant of its own, an adaptation below
-replaces the encoder-decoder one (``ADAPTATIONS``, keyed by the registered model name).
+replaces the encoder-decoder one on the built decoder (``ADAPTATIONS``, keyed by the layer class, so it holds
+for any model class that builds those layers).
 """
 
 from dataclasses import dataclass
@@ -59,27 +60,24 @@ def deepnet_decoder_only_constants(decoder_layers: int) -> dict[str, float]:
     return {"alpha": (2 * m) ** (1 / 4), "beta": (8 * m) ** (-1 / 4), "torchscale_scale": (8 * m) ** (1 / 4)}
 
 
-class DeepNetDecoderOnly:
+def deepnet_decoder_only_(decoder, args) -> None:
     """DeepNorm with the decoder-only constants: an encoder-decoder decoder has three sublayers per layer
-    (hence 3M and 12M), a decoder-only one two (2M and 8M)."""
-
-    @classmethod
-    def decoder_layer(cls, cfg, args, no_encoder_attn):
-        alpha = deepnet_decoder_only_constants(args.decoder_layers)["alpha"]
-        return rw.DeepNetDecoderLayer(cfg, no_encoder_attn, alpha)
-
-    @classmethod
-    def initialize(cls, model, args):
-        constants = deepnet_decoder_only_constants(args.decoder_layers)
-        for layer in model.decoder.layers:
-            if args.deepnet_init == "paper":
-                rw.deepnet_init_(layer, constants["beta"])
-            else:
-                rw.torchscale_init_(layer, constants["torchscale_scale"])
+    (hence 3M and 12M), a decoder-only one two (2M and 8M). Applied to the built layers (their alpha, then
+    the family's init again with the decoder-only beta), so it holds whichever model class built them."""
+    layers = [layer for layer in decoder.layers if isinstance(layer, rw.DeepNetDecoderLayer)]
+    if not layers:
+        return
+    constants = deepnet_decoder_only_constants(len(decoder.layers))
+    for layer in layers:
+        layer.alpha = constants["alpha"]
+        if args.deepnet_init == "paper":
+            rw.deepnet_init_(layer, constants["beta"])
+        else:
+            rw.torchscale_init_(layer, constants["torchscale_scale"])
 
 
-# registered translation model name -> mixin placed before the family's class
-ADAPTATIONS: dict[str, type] = {"deepnet_transformer": DeepNetDecoderOnly}
+# run on every decoder built for a language model; each acts only on the layers it knows
+ADAPTATIONS = (deepnet_decoder_only_,)
 
 
 @dataclass
@@ -89,9 +87,8 @@ class FamilyBuild:
 
 
 def decoder_only_class(model_name: str, embed_tokens: nn.Module) -> type:
-    """The family's model class with ``NoEncoder`` and the LM's embedding (and the model's adaptation)."""
+    """The family's model class with ``NoEncoder`` and the LM's embedding."""
     family_cls = MODEL_REGISTRY[model_name]
-    bases = (ADAPTATIONS[model_name], family_cls) if model_name in ADAPTATIONS else (family_cls,)
 
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
         return embed_tokens
@@ -101,7 +98,7 @@ def decoder_only_class(model_name: str, embed_tokens: nn.Module) -> type:
 
     return type(
         f"DecoderOnly{family_cls.__name__}",
-        bases,
+        (family_cls,),
         {"build_embedding": classmethod(build_embedding), "build_encoder": classmethod(build_encoder)},
     )
 
@@ -118,4 +115,6 @@ def build_decoder_only(model_name: str, args, task, embed_tokens: nn.Module) -> 
     if not getattr(args, "no_cross_attention", False):
         raise ValueError("build_decoder_only needs args.no_cross_attention (a language model's decoder)")
     model = decoder_only_class(model_name, embed_tokens).build_model(args, task)
+    for adapt in ADAPTATIONS:
+        adapt(model.decoder, args)
     return FamilyBuild(model.decoder, model)

@@ -86,7 +86,8 @@ class PluginLanguageModel(TransformerLanguageModel):
         self.args = args
         # not a submodule: its only weights are this decoder's, saved once under decoder.*
         object.__setattr__(self, "family_model", family_model)
-        self.profiles_admin = callable(getattr(family_model, "profile_admin", None))
+        # Admin's model registers the flag that it has profiled; a model without it has nothing to profile
+        self.profiles_admin = hasattr(family_model, "admin_profiled") and callable(getattr(family_model, "profile_admin", None))
         if self.profiles_admin:
             self.register_buffer("admin_profiled", torch.zeros((), dtype=torch.bool))
 
