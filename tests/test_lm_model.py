@@ -14,6 +14,7 @@ from fairseq_plugins.lm.presets import LM_DEPTHS, LM_WIDTHS
 from fairseq_plugins.models import PRESETS
 from fairseq_plugins.validation import PluginOptionError
 
+from .helpers import parse_model_args
 from .lm_helpers import (
     binarize_lm,
     build_lm,
@@ -56,10 +57,13 @@ def test_presets_set_the_shape_and_the_command_line_wins(lm_bin, arch, shape):
 
 @pytest.mark.parametrize("family", sorted(LM_FAMILIES))
 def test_the_family_keeps_its_layer_norm_position(lm_bin, family):
-    # fairseq's base_lm_architecture forces Pre-LN; the Post-LN families must stay Post-LN
+    # fairseq's base_lm_architecture forces Pre-LN; an LM's decoder must stay what the family's translation one is
     args = parse_lm_args(lm_bin, f"{family}_lm_d6")
-    assert args.decoder_normalize_before is (family not in POST_LN)
+    translation = parse_model_args(LM_FAMILIES[family].translation_arch)
+    assert args.decoder_normalize_before is bool(translation.decoder_normalize_before)
     assert args.no_cross_attention
+    if family in POST_LN:
+        assert not args.decoder_normalize_before
 
 
 def test_options_are_the_lm_and_family_ones(lm_bin):
@@ -67,8 +71,14 @@ def test_options_are_the_lm_and_family_ones(lm_bin):
     assert args.dca_mode == "grn-v1" and args.add_bos_token
     with pytest.raises(SystemExit):  # a translation-only option is not an LM option
         parse_lm_args(lm_bin, "dca_lm_d6", ["--encoder-layers", "3"])
-    with pytest.raises(SystemExit):  # another family's option is not this family's
-        parse_lm_args(lm_bin, "dca_lm_d6", ["--hc-rate", "2"])
+    # another family's option is an LM option exactly where it is one of the family's translation arch
+    try:
+        parse_model_args(LM_FAMILIES["dca"].translation_arch, ["--hc-rate", "2"])
+    except SystemExit:
+        with pytest.raises(SystemExit):
+            parse_lm_args(lm_bin, "dca_lm_d6", ["--hc-rate", "2"])
+    else:
+        assert parse_lm_args(lm_bin, "dca_lm_d6", ["--hc-rate", "2"]).hc_rate == 2
     with pytest.raises(PluginOptionError, match="decoder-normalize-before"):  # the family's own checks run
         build_lm(lm_bin, "deepnet_lm_d6", ["--decoder-normalize-before"])
     with pytest.raises(PluginOptionError, match="decoder-layers-to-keep"):  # not supported yet, said so
