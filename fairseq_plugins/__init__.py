@@ -9,6 +9,7 @@ torch >= 2.6 with weights-only loading kept on (see checkpoint_safety.py).
 from . import (  # noqa: F401
     checkpoint_safety,
     criterions,
+    lm,
     models,
 )
 

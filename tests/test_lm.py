@@ -1,0 +1,99 @@
+"""Every family as a decoder-only language model, in process: build, one training step, incremental == full
+decoding, fairseq's eval-lm perplexity, and sampling / beam search through the hub interface. The families come
+from the translation preset table, so a family registered later joins these tests by itself."""
+
+import math
+
+import pytest
+import torch
+from fairseq.models.transformer_lm import TransformerLanguageModel
+from fairseq_cli.eval_lm import eval_lm
+
+from fairseq_plugins.lm import LM_FAMILIES
+from fairseq_plugins.lm.scoring import perplexity, sentence_log_likelihoods
+
+from .lm_helpers import (
+    binarize_lm,
+    build_lm,
+    make_lm_corpus,
+    save_checkpoint,
+    train_batch,
+)
+
+FAMILIES = sorted(LM_FAMILIES)
+# training options a family needs beyond the defaults (its own criterion)
+TRAIN_ARGS = {"crossformer_sg": ["--criterion", "label_smoothed_cross_entropy_with_guidance"]}
+
+
+@pytest.fixture(scope="module")
+def lm_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_corpus")
+    return binarize_lm(make_lm_corpus(root / "raw"), root / "bin")
+
+
+def arch(family: str) -> str:
+    return f"{family}_lm_d6"
+
+
+def finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_step_is_finite(family, lm_bin):
+    model, task, args = build_lm(lm_bin, arch(family), TRAIN_ARGS.get(family, []))
+    criterion = task.build_criterion(args)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    loss, sample_size, logging = criterion(model, train_batch(task))
+    loss.backward()
+    optimizer.step()
+    assert math.isfinite(float(loss)) and sample_size > 0
+    assert finite(p.grad for p in model.parameters() if p.grad is not None)
+    assert finite(model.parameters())
+    if family == "crossformer_sg":
+        assert float(logging["guidance_loss"]) > 0  # the family's regularizer reached the criterion
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_decoding_equals_full(family, lm_bin):
+    model, task, _ = build_lm(lm_bin, arch(family))
+    d = task.source_dictionary
+    tokens = torch.randint(d.nspecial, len(d), (3, 8), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = d.eos()
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state: dict = {}
+        steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eval_lm_perplexity_is_finite(family, lm_bin):
+    model, task, _ = build_lm(lm_bin, arch(family))
+    task.load_dataset("valid")
+    itr = task.eval_lm_dataloader(task.dataset("valid"), max_tokens=512, num_workers=0)
+    result = eval_lm([model], task.source_dictionary, itr)
+    ppl = float(result["perplexity"])
+    assert math.isfinite(ppl) and ppl > 1
+    # the per-sentence scores (for paired tests) add up to eval-lm's perplexity
+    scores = sentence_log_likelihoods(model, task, "valid")
+    assert len(scores) == len(task.dataset("valid"))
+    assert perplexity(scores) == pytest.approx(ppl, rel=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hub_sample_and_beam(family, lm_bin, tmp_path):
+    model, task, args = build_lm(lm_bin, arch(family))
+    save_checkpoint(model, args, tmp_path / "checkpoint.pt")
+    hub = TransformerLanguageModel.from_pretrained(str(tmp_path), "checkpoint.pt", data_name_or_path=str(lm_bin))
+    loaded = hub.models[0]
+    assert type(loaded) is type(model)
+    tokens = torch.tensor([[task.source_dictionary.eos(), 5, 6, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], atol=0, rtol=0)
+    torch.manual_seed(0)
+    sampled = hub.sample("w1 w2", sampling=True, sampling_topk=5, max_len_b=6)
+    beam = hub.sample("w1 w2", beam=2, max_len_b=6)
+    for text in (sampled, beam):
+        assert text.startswith("w1 w2") and len(text.split()) <= 2 + 6
