@@ -123,7 +123,7 @@ def _now() -> str:
 
 
 def _trend_text(context: dict) -> str:
-    return (f"slope of the valid loss over the last {context['falling_last']} validations below "
+    return (f"valid-loss slope over the last {context['falling_last']} validations below "
             f"-{context['falling_slope']:g} per 100 updates")
 
 
@@ -200,7 +200,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
               f"variant ({context['bootstrap']} samples), the largest p over seeds; ΔBLEU 95% CI: from the lowest to "
               "the highest bound of the seeds' intervals of the difference (model - first model), from the same "
               "resamples. Train time counts fairseq's start-up; 'to baseline's loss' is the first validation at or "
-              "below the baseline's final valid loss (same seed). Still falling: runs whose "
+              "below the baseline's final valid loss (same seed). Still falling: runs with a "
               f"{_trend_text(context)}; best = last: runs whose lowest valid loss is at their last validation."), ""]  # fmt: skip
     compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
     if compared:
@@ -311,7 +311,7 @@ def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0
     falling = sum(bool(t["falling"]) for t in trends)
     last = sum(t["best_is_last"] for t in trends)
     if falling:
-        caveat += (f" The validation loss was still falling at the end in {falling} of {len(trends)} runs ({trend_text})"
+        caveat += (f" The validation loss was still falling at the end in {falling} of {len(trends)} runs (a {trend_text})"
                    f" and the best checkpoint was the last in {last}: "
                    + ("every run stopped short of convergence." if falling == len(trends) else
                       "those runs stopped short of convergence."))  # fmt: skip
