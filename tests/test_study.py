@@ -388,3 +388,34 @@ def test_main_job_names_the_variable_the_user_set(tmp_path):
                   check=False)  # fmt: skip
     assert proc.returncode == 1 and f"MULTI30K_DIR (--raw-dir)={tmp_path / 'nowhere'}: no such directory" in proc.stderr
     assert "RAW_DIR=" not in proc.stderr.replace("MULTI30K_DIR", "") and not (tmp_path / "out").exists()
+
+
+def test_reported_commands_name_no_place_of_this_machine():
+    cmd = ["/opt/venv/bin/python", "-m", "fairseq_cli.train", str(REPO / "docs" / "study" / "x" / "data-bin"), "--user-dir",
+           "/elsewhere/checkout/fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
+    assert study_report._portable(cmd, REPO) == ["python", "-m", "fairseq_cli.train", "docs/study/x/data-bin", "--user-dir",
+                                                 "fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
+
+
+def test_report_lists_every_candidate_each_comparison_and_each_run():
+    runs = {study_common.Run("pre", "warmup", lr, 400, 1): {"valid_loss": loss, "best_valid_loss": loss - 0.01}
+            for lr, loss in ((5e-4, 6.0), (1e-3, 5.5), (2e-3, 5.2))}  # fmt: skip
+    choices = study_stats.choose_settings(runs, first_seed=1)
+    row = {**_row("pre", 5.2, 9.0, 20.0), "lr": 2e-3, "warmup": 400, "tuned": True, "parameters": 10, "chrf": 40.0,
+           "bleu_std": None, "chrf_std": None, "valid_loss_std": None, "updates": 800, "train_seconds": 60.0,
+           "train_seconds_std": None, "still_falling": 1, "best_is_last": 1, "reach_seconds": 60.0}  # fmt: skip
+    chosen = study_common.Run("pre", "warmup", 2e-3, 400, 1)
+    result = {"updates": 800, "stopped": "patience", "best_valid_loss": 5.19, "best_valid_update": 700, "valid_loss": 5.2,
+              "trend": {"slope": -0.02, "falling": True, "best_is_last": False}}  # fmt: skip
+    comparison = {"key": ["warmup", 2], "system": "res", "bleu_p": 0.3, "chrf_p": 0.2, "bleu_diff": 0.1,
+                  "bleu_ci": [-0.4, 0.6], "chrf_diff": -0.2, "chrf_ci": [-0.9, 0.5]}  # fmt: skip
+    context = {"archs": ["pre", "res"], "command": "c", "machine_text": "m", "started": "s", "total_minutes": 1.0,
+               "data_text": "d", "budget_text": "b", "jobs": 1, "threads": 1, "setup_text": "x", "test_set": "t",
+               "sentences": 3, "beam": 5, "bootstrap": 20, "signature": "sig", "margin": 1.0, "falling_last": 3,
+               "falling_slope": 0.01, "curves_png": "curves.png", "bleu_png": "bleu.png", "comparisons": [comparison],
+               "runs": [(chosen, result)], "reading": "r"}  # fmt: skip
+    md = study_report.markdown([row], choices, context)
+    assert "| 0.0005 | 400 | 6.000 | 5.990 |  |" in md and "| 0.002 | 400 | 5.200 | 5.190 | yes |" in md
+    assert "**Edge of the grid**: the choice is the largest learning rate of the grid (0.002): widen LRS upwards." in md
+    assert "| res (warmup) | 2 | +0.10 | [-0.40, +0.60] | 0.300 | -0.20 | [-0.90, +0.50] | 0.200 | yes |" in md
+    assert f"| {chosen.name} | 800 | patience | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md

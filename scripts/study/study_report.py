@@ -36,6 +36,22 @@ def _shown(path: Path, repo: Path) -> str:
         return str(path)
 
 
+def _portable(cmd: list[str], repo: Path) -> list[str]:
+    """A run's command without this machine's places: the interpreter as ``python``, the plugin and
+    repository paths relative (the stored command.json keeps them as run, for resuming)."""
+    out = []
+    for i, token in enumerate(cmd):
+        if i == 0 and token.startswith("/"):
+            token = "python"
+        elif token.startswith("/"):
+            shown = _shown(Path(token), repo)
+            if shown.startswith("/") and "/fairseq_plugins" in shown:
+                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
+            token = shown
+        out.append(token)
+    return out
+
+
 def _earlier(out: Path) -> dict:
     """The start and duration of the study that trained the runs, kept when a report is rewritten."""
     try:
@@ -112,7 +128,8 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
         "setup": as_dict(args.setup), "settings": settings, "data": _shown(data, repo), "test_set": study.test_set["name"],
         "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()], "comparisons": comparisons,
-        "runs": [{**as_dict(run), "name": run.name, "command": json.loads((study.run_dir(run) / "command.json").read_text())["command"],
+        "runs": [{**as_dict(run), "name": run.name,
+                  "command": _portable(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
                   **{k: v for k, v in r.items() if k not in ("hyps",)}} for run, r in results.items()],
     })  # fmt: skip
     return {**context, "rows": rows}
