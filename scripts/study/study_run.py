@@ -205,6 +205,11 @@ class Study(Console):
         self._mark_done(run)
         return True
 
+    @staticmethod
+    def _fairseq_stopped(log_file: Path) -> bool:
+        last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
+        return FAIRSEQ_EARLY_STOP in last_attempt
+
     def _stop_early(self, run: Run, updates: int) -> None:
         with open(self.run_dir(run) / "train.log", "a", encoding="utf-8") as f:
             f.write(f"{EARLY_STOP}at {updates} updates (patience {self.args.budget.patience})\n")
@@ -261,8 +266,8 @@ class Study(Console):
             status = proc.poll()
             if status is None:
                 stop = early_stop(read_curves(proc.log_file)["valid"], self.args.budget.patience)
-                if stop is None:
-                    continue
+                if stop is None or self._fairseq_stopped(proc.log_file):
+                    continue  # still improving, or fairseq stops it itself (an attempt that was never resumed)
                 proc.stop()  # a resumed run past the validation its whole record says to stop at
                 del self.train[run]
                 self._stop_early(run, stop)
