@@ -6,12 +6,17 @@
 # Environment (defaults in brackets; each is also an option of the script, e.g. ARCHS = --archs):
 #   ARCHS         [transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12]
 #                 the first is the baseline of the comparisons
-#   SEEDS [1 2]   VARIANTS [warmup] (warmup, nowarmup)   LRS [1e-3], WARMUPS [400]: choose per model on valid loss
+#   SEEDS [1 2]   VARIANTS [warmup] (warmup, nowarmup, warmdecay)   LRS [1e-3], WARMUPS [400]: choose per
+#                 model on valid loss (every candidate with the first seed, the later seeds at the choice)
 #   MAX_UPDATE [1000] updates per run, or TRAIN_MINUTES [0] training minutes per run (MAX_UPDATE then caps)
+#   PATIENCE [0]  stop a run after this many validations without a lower valid loss (0: MAX_UPDATE only)
 #   MODEL_ARGS    [width 128: --encoder-embed-dim 128 ...]; '' keeps the presets' width
 #   MULTI30K_DIR  a local Multi30k copy (no download)      DATA_BIN  a prepared dataset instead
 #   TRAIN_LINES [0: all]   VOCAB_SIZE [8000]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
 #   JOBS [cores] runs side by side   THREADS [cores / JOBS]   VALID_EVERY [MAX_UPDATE / 8]   BOOTSTRAP [1000]
+#   LEVEL_MARGIN [1.0] BLEU: "level" only when every seed's 95% CI of the difference is inside +-margin
+#   FALLING_LAST [3], FALLING_SLOPE [0.01]: still falling = valid-loss slope over the last 3 validations
+#                 below -0.01 per 100 updates
 #   OUT_DIR       [work_dirs/study]
 #   REPORT_ONLY [0]  1: train nothing, report the runs finished so far (the report lists the missing ones)
 set -euo pipefail
@@ -26,7 +31,8 @@ opt MODEL_ARGS --model-args
 for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-update TRAIN_MINUTES:--train-minutes \
             LRS:--lrs WARMUPS:--warmups MAX_TOKENS:--max-tokens VALID_EVERY:--valid-every JOBS:--jobs \
             THREADS:--threads BOOTSTRAP:--bootstrap MULTI30K_DIR:--raw-dir DATA_BIN:--data-bin \
-            TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir; do
+            TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir \
+            PATIENCE:--patience LEVEL_MARGIN:--level-margin FALLING_LAST:--falling-last FALLING_SLOPE:--falling-slope; do
   name="${pair%%:*}"
   if [ -n "${!name:-}" ]; then args+=("${pair#*:}" "${!name}"); fi
 done

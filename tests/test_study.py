@@ -20,8 +20,10 @@ from .helpers import REPO, TINY, run
 sys.path[:0] = [str(REPO / "scripts" / "study")]
 
 import study
+import study_checks
 import study_common
 import study_report
+import study_stats
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
 # the fixtures' dev/test sets are smaller than fairseq's default batch multiple (8): keep every sentence
@@ -61,13 +63,13 @@ def test_curves_follow_a_resumed_run(tmp_path):
 
 def test_settings_are_chosen_on_valid_loss_and_later_seeds_use_them():
     args = study.parse_args(["--archs", "transformer_preln_e6d6 residual_e6d6", "--seeds", "3 4", "--lrs", "1e-3 5e-4",
-                             "--warmups", "100 400", "--max-update", "10"])  # fmt: skip
+                             "--warmups", "100 400", "--max-update", "1000"])  # fmt: skip
     tuning, later = study.grid(args)
     assert len(tuning) == 2 * 2 * 2 and {r.seed for r in tuning} == {3}
     assert [(r.arch, r.seed) for r in later] == [("transformer_preln_e6d6", 4), ("residual_e6d6", 4)]
     losses = {(1e-3, 100): 5.0, (1e-3, 400): 4.0, (5e-4, 100): 4.5, (5e-4, 400): 6.0}
     results = {r: {"valid_loss": losses[(r.lr, r.warmup)] + (r.arch == "residual_e6d6")} for r in tuning}
-    choices = study_report.choose_settings(results, first_seed=3)
+    choices = study_stats.choose_settings(results, first_seed=3)
     assert {g: (c["lr"], c["warmup"]) for g, c in choices.items()} == {
         ("transformer_preln_e6d6", "warmup"): (1e-3, 400), ("residual_e6d6", "warmup"): (1e-3, 400)}  # fmt: skip
     assert len(choices[("residual_e6d6", "warmup")]["candidates"]) == 4
@@ -115,8 +117,173 @@ def test_reading_follows_the_numbers():
     assert "res reached valid loss 6.00 and 15.0 BLEU, far behind pre" in text and "not significantly (p = 0.200)" in text
     assert "one seed there is no spread" in text
     flipped = study_report.reading([_row("pre", 6.0, 9.0, 15.0), _row("res", 5.95, 9.0, 16.0, reached=1)], "x")
-    assert "about level with res" in flipped and "res reached valid loss 5.95" in flipped
+    assert "within 0.1 in loss of res" in flipped and "res reached valid loss 5.95" in flipped
     assert "reached pre's final valid loss after 100 updates" in flipped
+
+
+def test_level_needs_every_interval_inside_the_margin():
+    """'level' is a statement about the confidence interval, not about a large p-value."""
+    narrow = {"bleu_p": 0.6, "chrf_p": 0.5, "bleu_ci": [-0.4, 0.5], "chrf_ci": [-0.3, 0.3]}
+    wide = {"bleu_p": 0.28, "chrf_p": 0.2, "bleu_ci": [-1.6, 0.4], "chrf_ci": [-1.0, 0.3]}
+    base = _row("pre", 5.0, 9.0, 20.0)
+    level = study_report.reading([base, _row("kq", 5.02, 9.0, 20.1, [narrow, narrow])], "x", margin=1.0)
+    assert "its BLEU is level with pre's (difference +0.10, 95% CI of the difference [-0.40, +0.50], inside ±1" in level
+    open_ = study_report.reading([base, _row("kq", 5.02, 9.0, 19.4, [narrow, wide])], "x", margin=1.0)
+    assert "level with pre's" not in open_ and "not significantly (p = 0.600, 95% CI of the difference [-1.60, +0.50]" in open_
+    assert "reaches beyond ±1, so they are not shown level either" in open_
+    assert study_stats.within([narrow], 0.5) and not study_stats.within([narrow, wide], 1.0)
+
+
+def test_difference_interval_comes_from_sacrebleus_own_resamples():
+    """The resamples behind the interval are those of sacrebleu's PairedTest: the same means, the same p."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    refs = [f"a small dog runs on the grass number {i}" for i in range(30)]
+    base = [r if i % 3 else "a dog runs" for i, r in enumerate(refs)]
+    system = [r if i % 4 else "the cat sleeps on a mat" for i, r in enumerate(refs)]
+    tests = study_stats.paired_tests({("warmup", 1): [("base", base), ("sys", system)]}, refs, 200)
+    entry = tests[("warmup", 1, "sys")]
+    _sig, scores = PairedTest([("base", base), ("sys", system)], {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=200)()
+    idxs = study_stats._bootstrap_indices(len(refs), 200)
+    for index, hyps in enumerate((base, system)):
+        mean = study_stats._resampled(BLEU(), hyps, refs, idxs).mean()
+        assert np.isclose(mean, scores["BLEU"][index].mean)
+    assert entry["bleu_p"] == scores["BLEU"][1].p_value
+    assert np.isclose(entry["bleu_diff"], scores["BLEU"][1].score - scores["BLEU"][0].score, atol=1e-3)
+    low, high = entry["bleu_ci"]
+    assert low <= entry["bleu_diff"] <= high and low < high and entry["chrf_ci"][0] <= entry["chrf_diff"] <= entry["chrf_ci"][1]
+    assert study_stats.difference_ci(np.arange(200.0)) == (5.0, 194.0)  # sacrebleu's estimate_ci: the n//40-th from each end
+
+
+def test_still_falling_and_best_is_last():
+    falling = [(100, 0, 6.0), (200, 0, 5.5), (300, 0, 5.2), (400, 0, 5.0)]
+    assert study_stats.trend(falling, 3, 0.01) == {"slope": -0.25, "falling": True, "best_is_last": True}
+    flat = [(100, 0, 6.0), (200, 0, 5.0), (300, 0, 5.004), (400, 0, 5.002)]
+    t = study_stats.trend(flat, 3, 0.01)
+    assert t["falling"] is False and t["best_is_last"] is False and abs(t["slope"] - 0.001) < 1e-9
+    assert study_stats.trend(falling[:2], 3, 0.01)["falling"] is None  # too few validations to say
+
+
+def test_every_candidate_is_shown_and_a_choice_on_the_edge_says_which_way_to_widen():
+    runs = {study_common.Run("m", "warmup", lr, wu, 1): {"valid_loss": loss + 0.1, "best_valid_loss": loss}
+            for (lr, wu), loss in {(5e-4, 100): 6.0, (1e-3, 100): 5.5, (2e-3, 100): 5.0, (5e-4, 400): 6.1,
+                                   (1e-3, 400): 5.6, (2e-3, 400): 5.2}.items()}  # fmt: skip
+    choice = study_stats.choose_settings(runs, first_seed=1)[("m", "warmup")]
+    assert (choice["lr"], choice["warmup"]) == (2e-3, 100) and len(choice["candidates"]) == 6
+    assert choice["edges"] == ["the largest learning rate of the grid (0.002): widen LRS upwards",
+                               "the smallest warm-up of the grid (100): widen WARMUPS downwards"]  # fmt: skip
+
+
+def test_early_stopping_follows_fairseqs_rule_across_a_resume(tmp_path):
+    """fairseq forgets its patience count when a run resumes; the tool counts over the whole record."""
+    import argparse
+
+    from fairseq_cli.train import should_stop_early
+
+    losses = [6.0, 5.0, 5.1, 4.9, 4.95, 5.0, 4.9, 4.8]
+    cfg = argparse.Namespace(checkpoint=argparse.Namespace(patience=3, maximize_best_checkpoint_metric=False))
+    for attr in ("best", "num_runs"):
+        if hasattr(should_stop_early, attr):
+            delattr(should_stop_early, attr)
+    fairseq_stop = next(i for i, loss in enumerate(losses) if should_stop_early(cfg, loss))
+    valid = [(100 * (i + 1), 0.0, loss) for i, loss in enumerate(losses)]
+    assert study_common.early_stop(valid, 3) == valid[fairseq_stop][0] == 700
+    assert study_common.early_stop(valid, 4) is None and study_common.early_stop(valid, 0) is None
+    # a run interrupted after update 700 with no DONE.json: marked done at 700, what came later is dropped
+    args = study.parse_args(["--archs", "transformer_preln_e6d6", "--seeds", "1", "--max-update", "1000",
+                             "--valid-every", "100", "--patience", "3", "--out-dir", str(tmp_path)])  # fmt: skip
+    run_ = study_common.Run("transformer_preln_e6d6", "warmup", 1e-3, 400, 1)
+    runner = study.Study(args, tmp_path, {})
+    runner.run_dir(run_).mkdir(parents=True)
+    start = study_common._seconds("2026-01-01 00:00:00")
+    lines = [study_common.attempt_line(1, start).strip()]
+    lines += [_record(f"{i:02d}:00", "valid", u, loss) for i, (u, _, loss) in enumerate(valid)]
+    lines += [_record("09:00", "train_inner", 750, 4.0)]
+    (runner.run_dir(run_) / "train.log").write_text("\n".join(lines) + "\n")
+    assert runner._finished_before(run_)
+    done = json.loads((runner.run_dir(run_) / "DONE.json").read_text())
+    assert done["updates"] == 700 and done["stopped"] == "patience"
+    result = runner.result(run_, evaluated=False)
+    assert result["curves"]["valid"][-1][0] == 700 and result["curves"]["train"] == []
+    assert result["best_valid_loss"] == 4.9 and result["best_valid_update"] == 400
+    cmd = study_common.train_command(run_, args.setup, args.budget, tmp_path, {"source_lang": "de", "target_lang": "en"},
+                                     tmp_path, 100, [], [])  # fmt: skip
+    assert cmd[cmd.index("--patience") + 1] == "3" and "at most 1000 updates each, stopped early" in args.budget.describe()
+
+
+def test_warmdecay_differs_from_nowarmup_only_in_the_warmup():
+    """Both decay linearly from the peak to 0 at MAX_UPDATE (fairseq's polynomial_decay); the mean lr is equal."""
+    from fairseq.optim import FairseqOptimizer
+    from fairseq.optim.lr_scheduler.polynomial_decay_schedule import (
+        PolynomialDecayLRSchedule,
+        PolynomialDecayLRScheduleConfig,
+    )
+
+    class Optimizer(FairseqOptimizer):
+        def __init__(self):
+            pass
+
+        def set_lr(self, lr):
+            self.lr = lr
+
+        def get_lr(self):
+            return self.lr
+
+    budget = study_common.Budget(max_update=800)
+    means = {}
+    for variant, warmup in (("warmdecay", 400), ("nowarmup", 0)):
+        args = study_common.schedule_args(study_common.Run("m", variant, 1e-3, warmup, 1), budget)
+        assert args[args.index("--lr-scheduler") + 1] == "polynomial_decay"
+        assert args[args.index("--warmup-updates") + 1] == str(warmup) and args[args.index("--total-num-update") + 1] == "800"
+        cfg = PolynomialDecayLRScheduleConfig(warmup_updates=warmup, power=1.0, end_learning_rate=0.0,
+                                              total_num_update=800, lr=[1e-3])  # fmt: skip
+        sched = PolynomialDecayLRSchedule(cfg, Optimizer())
+        lrs = [sched.step_update(u) for u in range(800)]
+        assert max(lrs) == pytest.approx(1e-3)
+        means[variant] = sum(lrs) / len(lrs)
+    assert means["warmdecay"] == pytest.approx(5e-4, rel=0.01) and means["nowarmup"] == pytest.approx(5e-4, rel=0.01)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-update", "100", "--valid-every", "200"], "VALID_EVERY=200 is larger than MAX_UPDATE=100"),
+    (["--max-update", "800", "--valid-every", "100", "--patience", "8"], "PATIENCE=8 with MAX_UPDATE=800 and VALID_EVERY=100: only 8"),
+    (["--train-minutes", "5", "--jobs", "64", "--threads", "2"], "TRAIN_MINUTES=5 with JOBS=64 x THREADS=2"),
+    (["--seeds", "1", "--lrs", "1e-3 2e-3"], "LRS/WARMUPS offer 2 settings with SEEDS='1'"),
+    (["--variants", "nowarmup", "--warmups", "100"], "WARMUPS='100' with VARIANTS='nowarmup'"),
+    (["--max-update", "300", "--warmups", "400"], "WARMUPS=400 with MAX_UPDATE=300"),
+    (["--data-bin", "/", "--vocab-size", "4000"], "DATA_BIN and VOCAB_SIZE are both set"),
+    (["--level-margin", "0"], "LEVEL_MARGIN (--level-margin)=0"),
+])  # fmt: skip
+def test_conflicting_settings_name_both_variables(argv, message):
+    with pytest.raises(study_common.RecipeError) as err:
+        study.parse_args(argv)
+    assert message in str(err.value)
+
+
+def test_vocabulary_too_large_for_the_training_lines_names_both_and_the_limit(tmp_path):
+    import sentencepiece as spm
+
+    fx.make_multi30k(tmp_path / "raw")
+    args = study.parse_args(["--raw-dir", str(tmp_path / "raw"), "--train-lines", "20", "--out-dir", str(tmp_path / "out")])
+    with pytest.raises(study_common.RecipeError) as err:
+        study_checks.check_vocabulary(args)
+    limit = int(str(err.value).split("allow at most ")[1].split()[0])
+    assert "TRAIN_LINES and VOCAB_SIZE conflict: VOCAB_SIZE=8000" in str(err.value) and f"set VOCAB_SIZE <= {limit}" in str(err.value)
+    files = [tmp_path / "raw" / f"train.{lang}.gz" for lang in ("de", "en")]
+    text = [line for f in files for line in study_common.read_lines(f)[:20]]
+    (tmp_path / "lines").write_text("\n".join(text) + "\n")
+    for size, works in ((limit, True), (limit + 1, False)):  # the limit is SentencePiece's own, exactly
+        try:
+            spm.SentencePieceTrainer.train(input=str(tmp_path / "lines"), model_prefix=str(tmp_path / "m"), vocab_size=size,
+                                           character_coverage=1.0, model_type="unigram", minloglevel=2, bos_id=-1,
+                                           eos_id=-1, unk_id=0, pad_id=-1)  # fmt: skip
+            assert works
+        except RuntimeError:
+            assert not works
+    study_checks.check_vocabulary(study.parse_args(["--raw-dir", str(tmp_path / "raw"), "--train-lines", "20",
+                                                    "--vocab-size", str(limit), "--out-dir", str(tmp_path / "out")]))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -160,6 +327,10 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
         assert (tmp_path / "out" / png).stat().st_size > 1000
     assert not list(runs.glob("*/checkpoints/checkpoint_*_*.pt"))  # interval checkpoints go once evaluated
     assert "![learning curves](curves.png)" in md  # relative: a copied or committed study stays readable
+    # every comparison with its interval beside its p-value; every run with its still-falling flag
+    assert "## Paired comparisons against the first model" in md and "## Runs: was the validation loss still falling" in md
+    assert len(results["comparisons"]) == 2 and all(len(c["bleu_ci"]) == 2 for c in results["comparisons"])
+    assert all("trend" in r and "best_valid_loss" in r for r in results["runs"])
 
     # a study's records without checkpoints, data or logs (as committed under docs/study) are reused as they are
     copy = tmp_path / "copy"
@@ -191,9 +362,9 @@ def test_main_job_end_to_end_on_multi30k_fixtures(tmp_path):
     fx.make_multi30k(tmp_path / "raw")
     env = {"MULTI30K_DIR": str(tmp_path / "raw"), "VERIFY_COUNTS": "0", "OUT_DIR": str(tmp_path / "out"),
            "MAX_UPDATE": "3", "MODEL_ARGS": MODEL_ARGS, "BOOTSTRAP": "20"}  # fmt: skip
-    # a data step that fails (too many pieces for this corpus) names the cause, leaves no data behind ...
+    # too many pieces for this corpus: named before any data is prepared, nothing left behind ...
     failed = recipe("main_job.sh", {**env, "VOCAB_SIZE": "5000"}, check=False)
-    assert failed.returncode == 1 and "data preparation failed" in failed.stderr and "Vocabulary size" in failed.stderr
+    assert failed.returncode == 1 and "MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE=5000" in failed.stderr
     assert not (tmp_path / "out" / "data-bin").exists()
     # ... and the main job, with other settings, starts cleanly in the same output directory
     proc = recipe("main_job.sh", {**env, "VOCAB_SIZE": "100"})
@@ -217,3 +388,34 @@ def test_main_job_names_the_variable_the_user_set(tmp_path):
                   check=False)  # fmt: skip
     assert proc.returncode == 1 and f"MULTI30K_DIR (--raw-dir)={tmp_path / 'nowhere'}: no such directory" in proc.stderr
     assert "RAW_DIR=" not in proc.stderr.replace("MULTI30K_DIR", "") and not (tmp_path / "out").exists()
+
+
+def test_reported_commands_name_no_place_of_this_machine():
+    cmd = ["/opt/venv/bin/python", "-m", "fairseq_cli.train", str(REPO / "docs" / "study" / "x" / "data-bin"), "--user-dir",
+           "/elsewhere/checkout/fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
+    assert study_report._portable(cmd, REPO) == ["python", "-m", "fairseq_cli.train", "docs/study/x/data-bin", "--user-dir",
+                                                 "fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
+
+
+def test_report_lists_every_candidate_each_comparison_and_each_run():
+    runs = {study_common.Run("pre", "warmup", lr, 400, 1): {"valid_loss": loss, "best_valid_loss": loss - 0.01}
+            for lr, loss in ((5e-4, 6.0), (1e-3, 5.5), (2e-3, 5.2))}  # fmt: skip
+    choices = study_stats.choose_settings(runs, first_seed=1)
+    row = {**_row("pre", 5.2, 9.0, 20.0), "lr": 2e-3, "warmup": 400, "tuned": True, "parameters": 10, "chrf": 40.0,
+           "bleu_std": None, "chrf_std": None, "valid_loss_std": None, "updates": 800, "train_seconds": 60.0,
+           "train_seconds_std": None, "still_falling": 1, "best_is_last": 1, "reach_seconds": 60.0}  # fmt: skip
+    chosen = study_common.Run("pre", "warmup", 2e-3, 400, 1)
+    result = {"updates": 800, "stopped": "patience", "best_valid_loss": 5.19, "best_valid_update": 700, "valid_loss": 5.2,
+              "trend": {"slope": -0.02, "falling": True, "best_is_last": False}}  # fmt: skip
+    comparison = {"key": ["warmup", 2], "system": "res", "bleu_p": 0.3, "chrf_p": 0.2, "bleu_diff": 0.1,
+                  "bleu_ci": [-0.4, 0.6], "chrf_diff": -0.2, "chrf_ci": [-0.9, 0.5]}  # fmt: skip
+    context = {"archs": ["pre", "res"], "command": "c", "machine_text": "m", "started": "s", "total_minutes": 1.0,
+               "data_text": "d", "budget_text": "b", "jobs": 1, "threads": 1, "setup_text": "x", "test_set": "t",
+               "sentences": 3, "beam": 5, "bootstrap": 20, "signature": "sig", "margin": 1.0, "falling_last": 3,
+               "falling_slope": 0.01, "curves_png": "curves.png", "bleu_png": "bleu.png", "comparisons": [comparison],
+               "runs": [(chosen, result)], "reading": "r"}  # fmt: skip
+    md = study_report.markdown([row], choices, context)
+    assert "| 0.0005 | 400 | 6.000 | 5.990 |  |" in md and "| 0.002 | 400 | 5.200 | 5.190 | yes |" in md
+    assert "**Edge of the grid**: the choice is the largest learning rate of the grid (0.002): widen LRS upwards." in md
+    assert "| res (warmup) | 2 | +0.10 | [-0.40, +0.60] | 0.300 | -0.20 | [-0.90, +0.50] | 0.200 | yes |" in md
+    assert f"| {chosen.name} | 800 | patience | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md

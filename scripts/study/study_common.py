@@ -20,6 +20,17 @@ Set-up variants (``--variants``):
   Post-LN, Pre-LN and ResiDual all at valid loss 7.3-7.6). Linear decay from the peak keeps the lr high, which
   is what "no warm-up" must test (the large early steps warm-up exists to avoid), and it is the other
   schedule shape of ResiDual's table 8. It needs an update budget (MAX_UPDATE) to know where the decay ends.
+- ``warmdecay``: the same linear decay to 0 at MAX_UPDATE, after a linear warm-up from 0 to the peak over the
+  warm-up updates (``polynomial_decay`` with ``--warmup-updates``). Against ``nowarmup`` the schedules differ
+  only in the warm-up: ``warmup`` against ``nowarmup`` also compares two shapes (inverse square root against
+  linear decay; mean lr 6.6e-4 against 5.0e-4 at peak 1e-3, 400 warm-up updates and 800 updates), while
+  ``warmdecay`` and ``nowarmup`` both have mean lr peak / 2 (issue 29).
+
+Early stopping (``Budget.patience``, PATIENCE): fairseq's ``--patience``, stopping a run after that many
+validations in a row without a lower validation loss than the best so far. fairseq keeps that count in memory
+only (``should_stop_early``'s attributes, not in the checkpoint), so a resumed run would start counting
+afresh; the study tool applies the same rule to the run's whole validation record (``early_stop``) and stops
+it there itself, so an interrupted run stops at the update an uninterrupted one would have.
 """
 
 import json
@@ -48,9 +59,13 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     write_json,
 )
 
-VARIANTS = ("warmup", "nowarmup")
+VARIANTS = ("warmup", "nowarmup", "warmdecay")
+WARMUP_VARIANTS = ("warmup", "warmdecay")  # the variants with a warm-up (WARMUPS applies to them)
+DECAY_VARIANTS = ("nowarmup", "warmdecay")  # the variants whose lr reaches 0 at MAX_UPDATE
 GUIDANCE_CRITERION = "label_smoothed_cross_entropy_with_guidance"
 ATTEMPT = "=== study: attempt "  # the line study.py writes into a run's log before each (re)start
+EARLY_STOP = "=== study: early stop "  # the line the tool writes when it stops a resumed run on PATIENCE
+FAIRSEQ_EARLY_STOP = "early stop since valid performance hasn't improved"
 
 
 @dataclass(frozen=True)
@@ -74,12 +89,15 @@ class Budget:
 
     max_update: int = 0
     minutes: float = 0.0
+    patience: int = 0
 
     def describe(self) -> str:
+        stop = (f", stopped early after {self.patience} validations in a row without a lower valid loss"
+                if self.patience else "")  # fmt: skip
         if self.minutes:
             cap = f" (at most {self.max_update} updates)" if self.max_update else ""
-            return f"{self.minutes:g} minutes of training each{cap}"
-        return f"{self.max_update} updates each"
+            return f"{self.minutes:g} minutes of training each{cap}{stop}"
+        return f"{'at most ' if self.patience else ''}{self.max_update} updates each{stop}"
 
 
 @dataclass(frozen=True)
@@ -124,8 +142,9 @@ def criterion_args(arch: str) -> list[str]:
 
 
 def schedule_args(run: Run, budget: Budget) -> list[str]:
-    if run.variant == "nowarmup":
-        return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "0", "--power", "1",
+    if run.variant in DECAY_VARIANTS:
+        warmup = run.warmup if run.variant == "warmdecay" else 0
+        return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(warmup), "--power", "1",
                 "--end-learning-rate", "0", "--total-num-update", str(budget.max_update)]  # fmt: skip
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(run.warmup), "--warmup-init-lr", "1e-07"]
 
@@ -150,6 +169,8 @@ def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: 
         cmd += ["--max-update", str(budget.max_update)]
     if budget.minutes:
         cmd += ["--stop-time-hours", repr(budget.minutes / 60)]
+    if budget.patience:  # absent without PATIENCE, so the committed studies' commands stay as they were
+        cmd += ["--patience", str(budget.patience)]
     return [str(c) for c in cmd + model_args + extra]
 
 
@@ -236,6 +257,22 @@ def read_curves(log_file: Path) -> dict:
         seconds = round(offset + _seconds(stamp) - start, 1)
         (train if kind == "train_inner" else valid).append((updates, seconds, loss))
     return {"train": train, "valid": valid, "parameters": parameters, "attempts": attempts}
+
+
+def early_stop(valid: list[tuple[int, float, float]], patience: int) -> int | None:
+    """The updates of the validation at which fairseq's ``--patience`` rule stops a run that was never
+    interrupted: ``patience`` validations in a row without a loss strictly below the best so far; or None."""
+    if patience <= 0:
+        return None
+    best, bad = None, 0
+    for updates, _seconds, loss in valid:
+        if best is None or loss < best:
+            best, bad = loss, 0
+        else:
+            bad += 1
+            if bad >= patience:
+                return updates
+    return None
 
 
 def attempt_line(number: int, now: float) -> str:

@@ -1,0 +1,114 @@
+"""The study's variables checked against each other before anything is prepared or trained (study.py).
+
+Each check names the two variables that conflict and what would work instead, rather than letting the
+combination fail later (SentencePiece's ``INTERNAL ... vocab_size`` error) or, worse, run and mean nothing
+(early stopping that can never fire, a time budget on shared cores, a learning rate chosen and reported on
+the same single run).
+"""
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from study_common import WARMUP_VARIANTS, RecipeError, read_lines
+
+_TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)")
+# SentencePiece's limit does not depend on the requested size once that is too high: ask for more than any
+# corpus here allows and read the limit from the error
+_PROBE_SIZE = 10**7
+
+
+def check_pairs(args, cores: int) -> None:
+    """Pairs of settings that cannot work together; ``args`` is study.validate's, after its own checks."""
+    if args.data_bin is not None:
+        for name, variable in (("train_lines", "TRAIN_LINES"), ("vocab_size", "VOCAB_SIZE")):
+            if name in args.explicit:
+                raise RecipeError(f"DATA_BIN and {variable} are both set: {variable} only shapes the Multi30k data the "
+                                  "study prepares itself; DATA_BIN is already prepared (drop one of them)")  # fmt: skip
+    if args.max_update and args.valid_every > args.max_update:
+        raise RecipeError(f"VALID_EVERY={args.valid_every} is larger than MAX_UPDATE={args.max_update}: no validation "
+                          f"before the end; use VALID_EVERY <= {args.max_update} (default MAX_UPDATE / 8)")  # fmt: skip
+    if args.patience and args.max_update:
+        validations = args.max_update // args.valid_every
+        if validations <= args.patience:
+            raise RecipeError(f"PATIENCE={args.patience} with MAX_UPDATE={args.max_update} and VALID_EVERY={args.valid_every}: "
+                              f"only {validations} validations, so early stopping can never stop a run; use PATIENCE "
+                              f"<= {max(1, validations // 4)}, a smaller VALID_EVERY or a larger MAX_UPDATE (the cap)")  # fmt: skip
+    if args.train_minutes and args.jobs * args.threads > cores:
+        raise RecipeError(f"TRAIN_MINUTES={args.train_minutes:g} with JOBS={args.jobs} x THREADS={args.threads} on "
+                          f"{cores} cores: runs sharing cores get less work done per minute, so a time budget is not "
+                          f"equal; use JOBS x THREADS <= {cores}, or MAX_UPDATE instead of TRAIN_MINUTES")  # fmt: skip
+    warm = any(v in WARMUP_VARIANTS for v in args.variant_list)
+    candidates = len(args.lr_list) * (len(args.warmup_list) if warm else 1)
+    if candidates > 1 and len(args.seed_list) < 2:
+        raise RecipeError(f"LRS/WARMUPS offer {candidates} settings with SEEDS={args.seeds!r}: the chosen setting's "
+                          "only result would be the run it was chosen on (a choice on the same seed flatters it); "
+                          "give SEEDS two or more seeds (the later ones run at the chosen setting), or one setting")  # fmt: skip
+    if args.warmups.strip() and not warm:
+        raise RecipeError(f"WARMUPS={args.warmups!r} with VARIANTS={args.variants!r}: no variant has a warm-up, so "
+                          f"WARMUPS would be ignored; add {' or '.join(WARMUP_VARIANTS)} to VARIANTS, or drop WARMUPS")  # fmt: skip
+    # an inverse-sqrt warm-up longer than a short budget is allowed when it is the default (the main job's 180
+    # updates are the warm-up phase on purpose); asked for, or under warmdecay's linear decay, it is a mistake
+    if (args.warmups.strip() or "warmdecay" in args.variant_list) and args.max_update and max(args.warmup_list) >= args.max_update:
+        raise RecipeError(f"WARMUPS={args.warmups or max(args.warmup_list)} with MAX_UPDATE={args.max_update}: the warm-up "
+                          f"would not end within the budget; use warm-ups below {args.max_update} or a larger MAX_UPDATE")  # fmt: skip
+
+
+def vocabulary_limit(files: list[Path], lines: int) -> int | None:
+    """The largest joint SentencePiece vocabulary (as scripts/data/data_common.train_sentencepiece trains it)
+    that the first ``lines`` lines (0: all) of ``files`` allow, as SentencePiece itself computes it."""
+    import sentencepiece as spm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = []
+        for i, path in enumerate(files):
+            text = read_lines(path)
+            inputs.append(Path(tmp) / f"input.{i}")
+            inputs[-1].write_text("\n".join(text[:lines] if lines else text) + "\n", encoding="utf-8")
+        try:
+            spm.SentencePieceTrainer.train(
+                input=",".join(map(str, inputs)), model_prefix=str(Path(tmp) / "probe"), vocab_size=_PROBE_SIZE,
+                character_coverage=1.0, model_type="unigram", minloglevel=2, num_threads=1,
+                bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+            )  # fmt: skip
+        except RuntimeError as err:
+            match = _TOO_HIGH.search(str(err))
+            return int(match.group(2)) if match else None
+    return _PROBE_SIZE
+
+
+def _conflict(args, limit: int) -> RecipeError:
+    lines = f"the first {args.train_lines} training pairs" if args.train_lines else "the whole training set"
+    fix = f"set VOCAB_SIZE <= {limit}" + (", or raise TRAIN_LINES (0: all pairs)" if args.train_lines else "")
+    pair = "TRAIN_LINES and VOCAB_SIZE" if args.train_lines else "MULTI30K_DIR and VOCAB_SIZE"
+    return RecipeError(f"{pair} conflict: VOCAB_SIZE={args.vocab_size} SentencePiece pieces, but {lines} "
+                       f"(TRAIN_LINES={args.train_lines}) allow at most {limit} (SentencePiece's own limit for "
+                       f"this text); {fix}")  # fmt: skip
+
+
+def check_vocabulary(args) -> None:
+    """With a local Multi30k copy not yet prepared in OUT_DIR, VOCAB_SIZE against what TRAIN_LINES allow."""
+    if args.data_bin is not None or args.raw_dir is None:
+        return  # prepared already, or downloaded later: explain_vocabulary_error reads the preparation's error
+    recipe = args.out_dir / "data-bin" / f"multi30k_{args.src}_{args.tgt}" / "recipe.json"
+    if recipe.is_file():
+        old = json.loads(recipe.read_text(encoding="utf-8")).get("settings") or {}
+        if old.get("vocab_size") == args.vocab_size and old.get("train_lines") == args.train_lines:
+            return
+    files = []
+    for lang in sorted((args.src, args.tgt)):
+        gz, plain = args.raw_dir / f"train.{lang}.gz", args.raw_dir / f"train.{lang}"
+        if not gz.is_file() and not plain.is_file():
+            return  # the preparation names the missing file
+        files.append(gz if gz.is_file() else plain)
+    limit = vocabulary_limit(files, args.train_lines)
+    if limit is not None and args.vocab_size > limit:
+        raise _conflict(args, limit)
+
+
+def explain_vocabulary_error(args, log_text: str) -> None:
+    """SentencePiece's vocabulary error in the data preparation's log, as the conflict of two variables."""
+    match = _TOO_HIGH.search(log_text)
+    if match:
+        raise _conflict(args, int(match.group(2)))

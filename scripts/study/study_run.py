@@ -1,0 +1,323 @@
+"""Running a study's grid (scripts/study/study.py): the runs, their fairseq-train and evaluation processes,
+resuming, early stopping, and each run's results read back from its records.
+
+Resuming: a run that finished training has ``DONE.json`` (written atomically) and is skipped; an interrupted
+one continues from its checkpoint_last.pt (fairseq restores it from the same save directory); evaluations
+that finished are reused. Early stopping (PATIENCE) is fairseq's ``--patience``; because fairseq forgets its
+count when a run is resumed, the tool applies the same rule to the run's whole validation record
+(study_common.early_stop) and stops a resumed run itself at the validation an uninterrupted run stops at.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import study_stats
+from study_common import (
+    ATTEMPT,
+    EARLY_STOP,
+    FAIRSEQ_EARLY_STOP,
+    REPO,
+    WARMUP_VARIANTS,
+    RecipeError,
+    Run,
+    as_dict,
+    attempt_line,
+    command_differences,
+    early_stop,
+    read_curves,
+    read_lines,
+    train_command,
+    write_json,
+)
+from study_console import Console
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+# a test hook: "RUNS:UPDATES" stops the study like Ctrl-C once RUNS runs are done and the next reached UPDATES
+INTERRUPT_HOOK = "STUDY_INTERRUPT_AT"
+INTERRUPTED = "=== study: interrupted\n"
+
+
+def grid(args) -> tuple[list[Run], list[Run]]:
+    """(the tuning runs: every lr/warm-up with the first seed, the other seeds' runs at a setting to choose)."""
+    first, *others = args.seed_list
+    tuning = []
+    for arch, variant in itertools.product(args.arch_list, args.variant_list):
+        warmups = args.warmup_list if variant in WARMUP_VARIANTS else [0]
+        for lr, warmup in itertools.product(args.lr_list, warmups):
+            tuning.append(Run(arch, variant, lr, warmup, first))
+    return tuning, [Run(a, v, 0.0, 0, s) for a, v, s in itertools.product(args.arch_list, args.variant_list, others)]
+
+
+class Process:
+    """A training or evaluation subprocess whose output goes to a file."""
+
+    def __init__(self, cmd: list[str], log_file: Path, threads: int, mode: str = "a", header: str = ""):
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file = log_file
+        self.out = open(log_file, mode, encoding="utf-8")  # noqa: SIM115  (closed in done())
+        self.out.write(header)
+        self.out.flush()
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+        self.started = time.time()
+
+    def poll(self) -> int | None:
+        status = self.proc.poll()
+        if status is not None:
+            self.out.close()
+        return status
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.out.close()
+
+
+class Study(Console):
+    def __init__(self, args, data: Path, manifest: dict):
+        self.args, self.data, self.manifest = args, data, manifest
+        self.runs_dir = args.out_dir / "runs"
+        self.start = time.time()
+        self.train: dict[Run, Process] = {}
+        self.evals: dict[Run, Process] = {}
+        self.finished: list[Run] = []
+        self.hook = self._hook()
+        self.interrupted_by_hook = False
+        self.last_report = -1
+        self.tty = sys.stdout.isatty()
+        self.drawn = 0
+
+    def _hook(self):
+        value = os.environ.get(INTERRUPT_HOOK)
+        if not value:
+            return None
+        runs, updates = (int(x) for x in value.split(":"))
+        return {"runs": runs, "updates": updates, "run": None}
+
+    def run_dir(self, run: Run) -> Path:
+        return self.runs_dir / run.name
+
+    def is_done(self, run: Run) -> bool:
+        return (self.run_dir(run) / "DONE.json").is_file()
+
+    def is_evaluated(self, run: Run) -> bool:
+        return (self.run_dir(run) / "eval" / "results.json").is_file()
+
+    # ---------------------------------------------------------------------------------- scheduling
+
+    def resolve(self, run: Run, choices: dict) -> Run | None:
+        """A later seed's run at its group's chosen setting, once the group's tuning is done."""
+        if run.lr:
+            return run
+        choice = choices.get(run.group)
+        return None if choice is None else Run(run.arch, run.variant, choice["lr"], choice["warmup"], run.seed)
+
+    def execute(self, tuning: list[Run], later: list[Run]) -> list[Run]:
+        """Train and evaluate every run; returns the runs of the study (tuning and chosen)."""
+        pending_train = [r for r in tuning if not self.is_done(r) and not self._finished_before(r)]
+        for run in tuning:
+            self._check_reusable(run)
+        skipped = len(tuning) - len(pending_train)
+        resolved: dict[Run, Run] = {}
+        total = len(tuning) + len(later)
+        while True:
+            choices = self._choices(tuning)
+            for run in later:
+                if run not in resolved and (target := self.resolve(run, choices)) is not None:
+                    resolved[run] = target
+                    if self.is_done(target) or self._finished_before(target):
+                        self._check_reusable(target)
+                        skipped += 1
+                    else:
+                        pending_train.append(target)
+            all_runs = tuning + list(resolved.values())
+            for run in [r for r in all_runs if self.is_done(r) and not self.is_evaluated(r)]:
+                if run not in self.evals and len(self.train) + len(self.evals) < self.args.jobs:
+                    self.evals[run] = self._evaluate(run)
+            while pending_train and len(self.train) + len(self.evals) < self.args.jobs:
+                run = pending_train.pop(0)
+                self.train[run] = self._train(run)
+            self._poll()
+            if self.interrupted_by_hook:
+                for proc in [*self.train.values(), *self.evals.values()]:
+                    proc.stop()
+                raise KeyboardInterrupt
+            self._progress(all_runs, total, skipped)
+            if (not pending_train and not self.train and not self.evals and len(resolved) == len(later)
+                    and all(self.is_evaluated(r) for r in all_runs)):  # fmt: skip
+                self._progress(all_runs, total, skipped, final=True)
+                return all_runs
+            time.sleep(0.5 if self.hook else 2.0)
+
+    def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
+        """(finished and evaluated runs, the others) of the grid, for a report without training (REPORT_ONLY)."""
+        choices = self._choices(tuning)
+        resolved = {run: self.resolve(run, choices) for run in later}
+        runs = tuning + [target for target in resolved.values() if target is not None]
+        runs += [run for run, target in resolved.items() if target is None]  # unresolved: missing
+        done = [run for run in runs if self.is_done(run) and self.is_evaluated(run)]
+        for run in done:
+            self._check_reusable(run)
+        return done, [run for run in runs if run not in done]
+
+    def _check_reusable(self, run: Run) -> None:
+        """A finished run is reused only if it was trained by the command this study would run now.
+
+        Run names carry the architecture, variant, lr, warm-up and seed, not the budget, width or batch: without
+        this check, the same OUT_DIR with another MAX_UPDATE or MODEL_ARGS would silently mix two set-ups.
+        """
+        stored = self.run_dir(run) / "command.json"
+        if not self.is_done(run) or not stored.is_file():
+            return
+        now = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, self.run_dir(run) / "checkpoints",
+                            self.args.valid_every, self.args.model_arg_list, list(self.args.extra))  # fmt: skip
+        differences = command_differences(json.loads(stored.read_text(encoding="utf-8"))["command"], now)
+        if differences:
+            raise RecipeError(f"OUT_DIR (--out-dir)={self.args.out_dir} holds run {run.name}, finished under another "
+                              f"set-up ({'; '.join(differences)}): use a new OUT_DIR, or the settings it was made with")  # fmt: skip
+
+    def _finished_before(self, run: Run) -> bool:
+        """A run whose fairseq-train ended normally but was stopped before DONE.json: marked done now.
+
+        Restarting it would not be a no-op: fairseq resumed from a checkpoint saved at MAX_UPDATE at the end of an
+        epoch makes one more update before it checks the limit.
+        """
+        log_file = self.run_dir(run) / "train.log"
+        if self.is_done(run) or not log_file.is_file():
+            return False
+        stop = early_stop(read_curves(log_file)["valid"], self.args.budget.patience)
+        if stop is not None:  # interrupted after its record already met the patience rule
+            self._stop_early(run, stop)
+            return True
+        last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
+        if "| done training in" not in last_attempt or INTERRUPTED in last_attempt:
+            return False
+        self._mark_done(run)
+        return True
+
+    @staticmethod
+    def _fairseq_stopped(log_file: Path) -> bool:
+        last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
+        return FAIRSEQ_EARLY_STOP in last_attempt
+
+    def _stop_early(self, run: Run, updates: int) -> None:
+        with open(self.run_dir(run) / "train.log", "a", encoding="utf-8") as f:
+            f.write(f"{EARLY_STOP}at {updates} updates (patience {self.args.budget.patience})\n")
+        self._mark_done(run, early_stop_at=updates)
+
+    def _mark_done(self, run: Run, early_stop_at: int | None = None) -> None:
+        log_file = self.run_dir(run) / "train.log"
+        curves = read_curves(log_file)
+        if early_stop_at is None and FAIRSEQ_EARLY_STOP in log_file.read_text(encoding="utf-8", errors="replace"):
+            early_stop_at = early_stop(curves["valid"], self.args.budget.patience)
+        updates = early_stop_at or (curves["train"][-1][0] if curves["train"] else 0)
+        record = {"run": as_dict(run), "finished": _now(), "updates": updates}
+        if self.args.budget.patience:  # absent without PATIENCE: the committed studies' records stay as they were
+            record["stopped"] = "patience" if early_stop_at else ("time" if self.args.budget.minutes and
+                                                                  updates < (self.args.budget.max_update or updates + 1)
+                                                                  else "updates")  # fmt: skip
+        write_json(self.run_dir(run) / "DONE.json", record)
+        self.finished.append(run)
+
+    def _choices(self, tuning: list[Run]) -> dict:
+        groups: dict[tuple[str, str], list[Run]] = {}
+        for run in tuning:
+            groups.setdefault(run.group, []).append(run)
+        done = {run: self.result(run, evaluated=False) for run in tuning if self.is_done(run)}
+        return {group: choice for group, choice in study_stats.choose_settings(done, self.args.seed_list[0]).items()
+                if all(r in done for r in groups[group])}  # fmt: skip
+
+    def _train(self, run: Run) -> Process:
+        save_dir = self.run_dir(run) / "checkpoints"
+        extra = list(self.args.extra)
+        hook = self.hook
+        if hook and hook["run"] is None and len(list(self.runs_dir.glob("*/DONE.json"))) >= hook["runs"]:
+            hook["run"] = run
+            extra += ["--max-update", str(hook["updates"])]  # as if the run were stopped at this update
+        cmd = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, save_dir,
+                            self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+        attempts = read_curves(self.run_dir(run) / "train.log")["attempts"]
+        write_json(self.run_dir(run) / "command.json", {"command": cmd})
+        return Process(cmd, self.run_dir(run) / "train.log", self.args.threads, header=attempt_line(attempts + 1, time.time()))
+
+    def _evaluate(self, run: Run) -> Process:
+        cmd = [sys.executable, SCRIPTS / "training" / "evaluate_recipe.py", self.data,
+               self.run_dir(run) / "checkpoints" / "checkpoint_best.pt", "--output-dir", self.run_dir(run) / "eval",
+               "--sets", self.test_set["name"], "--gpu", "0", "--max-tokens", "4000", "--",
+               "--max-len-a", "1.5", "--max-len-b", "10"]  # fmt: skip
+        return Process([str(c) for c in cmd], self.run_dir(run) / "eval.log", self.args.threads, mode="w")
+
+    @property
+    def test_set(self) -> dict:
+        return self.manifest["tests"][0]
+
+    def _poll(self) -> None:
+        for run, proc in list(self.train.items()):
+            status = proc.poll()
+            if status is None:
+                stop = early_stop(read_curves(proc.log_file)["valid"], self.args.budget.patience)
+                if stop is None or self._fairseq_stopped(proc.log_file):
+                    continue  # still improving, or fairseq stops it itself (an attempt that was never resumed)
+                proc.stop()  # a resumed run past the validation its whole record says to stop at
+                del self.train[run]
+                self._stop_early(run, stop)
+                continue
+            del self.train[run]
+            if status != 0:
+                raise RecipeError(f"training {run.name} failed (exit {status}); see {proc.log_file}")
+            if self.hook and self.hook["run"] == run:
+                with open(proc.log_file, "a", encoding="utf-8") as f:
+                    f.write(INTERRUPTED)  # its "done training" came from the hook's --max-update, not the budget
+                self.interrupted_by_hook = True
+                return
+            self._mark_done(run)
+        for run, proc in list(self.evals.items()):
+            status = proc.poll()
+            if status is None:
+                continue
+            del self.evals[run]
+            if status != 0:
+                raise RecipeError(f"evaluation of {run.name} failed (exit {status}); see {proc.log_file}")
+            for stale in (self.run_dir(run) / "checkpoints").glob("checkpoint_*_*.pt"):
+                stale.unlink()  # the interval checkpoint only served resuming; best (and last) stay
+
+    # -------------------------------------------------------------------------------- results
+
+    def result(self, run: Run, evaluated: bool = True) -> dict:
+        curves = read_curves(self.run_dir(run) / "train.log")
+        done_file = self.run_dir(run) / "DONE.json"
+        done = json.loads(done_file.read_text(encoding="utf-8")) if done_file.is_file() else {}
+        if done.get("stopped") == "patience":  # what a resumed run did past its stop does not count
+            curves = {**curves, **{k: [p for p in curves[k] if p[0] <= done["updates"]] for k in ("train", "valid")}}
+        best = min(curves["valid"], key=lambda p: p[2], default=None)
+        out = {"curves": curves, "parameters": curves["parameters"],
+               "valid_loss": curves["valid"][-1][2] if curves["valid"] else None,
+               "first_valid_loss": curves["valid"][0][2] if curves["valid"] else None,
+               "updates": curves["train"][-1][0] if curves["train"] else 0,
+               "seconds": max([p[1] for p in curves["train"] + curves["valid"]], default=0.0),
+               "best_valid_loss": best[2] if best else None, "best_valid_update": best[0] if best else None,
+               "stopped": done.get("stopped")}  # fmt: skip
+        if evaluated:
+            ev = json.loads((self.run_dir(run) / "eval" / "results.json").read_text(encoding="utf-8"))
+            test = ev["tests"][self.test_set["name"]]
+            out.update(bleu=test["bleu"], chrf=test["chrf"], sentences=test["sentences"], beam=ev["beam"],
+                       signature=ev["signatures"]["bleu"])  # fmt: skip
+            hyp_file = next((self.run_dir(run) / "eval" / "hyps").glob(f"{self.test_set['name']}.*"))
+            out["hyps"] = read_lines(hyp_file)
+        return out
+
+
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
