@@ -106,3 +106,12 @@ def test_translation_default_unchanged():
     assert benchmark.build_parser().parse_args([]).task == "translation"
     report = json.loads((REPO / "docs" / "benchmark.json").read_text())
     assert benchmark.markdown(report) == (REPO / "docs" / "benchmark.md").read_text()
+
+
+def test_committed_lm_report_is_what_its_json_gives():
+    report = json.loads((REPO / "docs" / "benchmark_lm.json").read_text())
+    text = (REPO / "docs" / "benchmark_lm.md").read_text()
+    assert benchmark.markdown(report) == text
+    assert report["settings"]["task"] == "lm" and report["settings"]["width"].startswith("512/2048/8")
+    for bad in ("/work/", "/home/", "/root/", "/tmp/"):
+        assert bad not in text and bad not in json.dumps(report)

@@ -177,7 +177,18 @@ def lm_header(report: dict) -> str:
         + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s" if m["matmul_peak_gflops"] else "")
         + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
         + _device_sentence(report)
+        + _load_sentence(m)
     )
+
+
+def _load_sentence(m: dict) -> str:
+    """How busy the machine was: the 1-minute load average at the end of the run, against its CPUs."""
+    load = (m.get("load_average") or [None])[0]
+    if load is None:
+        return ""
+    busy = load > 0.75 * m["cpus"]
+    return (f" Load average {load:.1f} at the end on {m['cpus']} CPUs" + (": the machine was busy with other work, "
+            "so the wall-clock ratios are noisy and the CPU-time ratios are the steadier estimate." if busy else "."))
 
 
 def _device_sentence(report: dict) -> str:

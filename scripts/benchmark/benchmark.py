@@ -6,6 +6,7 @@ parameters and model FLOPs utilisation, at matched depth and width, measured in 
     python scripts/benchmark/benchmark.py --family residual --depth e18d18 --rounds 3 --threads 1
     python scripts/benchmark/benchmark.py --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
     python scripts/benchmark/benchmark.py --device cuda --threads 1       # on a GPU: fp32, fp16 and bf16 columns
+    python scripts/benchmark/benchmark.py --task lm --depth d6 --family dca  # language models, see bench_lm.py
 
 For every depth, the matched baseline ``transformer_preln_{width}{depth}`` (fairseq's ``transformer`` with
 Pre-LN, no plugin code) and every family at the same depth and width are built side by side, warmed up,
@@ -77,7 +78,12 @@ second table gives training tok/s, decoding sent/s (each with its ratio) and pea
 against the float32 (TF32 where torch allows it) matmul peak of the device. The CPU default (fp32 only)
 reports exactly as before.
 
-Files: benchmark.py (this command line), bench_families.py (line-up, targets, precisions, building a model),
+Language models (--task lm, issue 28): every family's LM preset ``{family}_lm_{width}d{depth}`` against fairseq's
+own transformer LM of the same shape (``transformer_lm_big`` given the width, FFN, heads and depth: Pre-LN with a
+final LayerNorm), on 128-token blocks and prefix-continuing generation; the same rounds, ratios and memory, no
+targets. bench_lm.py's docstring says how.
+
+Files: benchmark.py (this command line), bench_lm.py (--task lm), bench_families.py (line-up, targets, precisions, building a model),
 bench_data.py (corpus and batches), bench_timing.py (timing, memory, FLOPs, profiles), bench_run.py (the
 run), bench_report.py (verdicts and Markdown).
 """
