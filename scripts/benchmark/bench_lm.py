@@ -46,7 +46,8 @@ LM_FAMILY_ARGS = {"crossformer_sg": ["--criterion", "label_smoothed_cross_entrop
 
 
 def lm_families() -> list[str]:
-    """Every family with LM presets, the plugin's Pre-LN transformer first (a control: it is the baseline's model)."""
+    """Every family with LM presets, the plugin's Pre-LN transformer included: a control, it is the baseline's model
+    (equal to the bit, tests/test_lm_model.py), so its ratios show the cost of the plugin's LM wrapper alone."""
     return list(LM_FAMILIES)
 
 
@@ -84,7 +85,7 @@ def make_lm_batches(corpus: Corpus, d, opts) -> Batches:
     full = [i for i in range(len(dataset)) if blocks.sizes[i] == block]
     if len(full) < opts.train_batches * per_batch + 1:
         raise BenchmarkError(f"--train-batches {opts.train_batches}, --decode-sentences {opts.decode_sentences}: "
-                                  f"the corpus gives only {len(full)} blocks of {block} tokens")  # fmt: skip
+                             f"the corpus gives only {len(full)} blocks of {block} tokens")  # fmt: skip
     train = [dataset.collater([dataset[i] for i in full[k * per_batch : (k + 1) * per_batch]])
              for k in range(opts.train_batches)]  # fmt: skip
     # prefixes from the blocks after the training ones, without their EOS tokens (a forced EOS would end a
