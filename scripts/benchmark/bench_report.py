@@ -95,6 +95,8 @@ def markdown(report: dict) -> str:
         + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
         + _device_sentence(report)
     )
+    if s.get("task") == "lm":
+        header = lm_header(report)
     if report.get("command"):
         header += (f" Made by `OMP_NUM_THREADS={s['threads']} {report['command']}` in "
                    f"{report.get('seconds', 0) / 60:.0f} minutes.")  # fmt: skip
@@ -108,7 +110,7 @@ def markdown(report: dict) -> str:
     checks: list[str] = []
     for res in report["results"]:
         base = res["baseline"]
-        lines.append(_table_row(res["depth"], BASELINE, base, base, peak_flops))
+        lines.append(_table_row(res["depth"], res.get("baseline_name", BASELINE), base, base, peak_flops))
         for name, row in res["families"].items():
             lines.append(_table_row(res["depth"], name, row, base, peak_flops))
         for family, why in res["skipped"].items():
@@ -124,6 +126,8 @@ def markdown(report: dict) -> str:
     notes += [f"`{family}` not benchmarked: no preset at these depths (it has {', '.join(archs)})"
               for family, archs in report["not_benchmarked"].items()]  # fmt: skip
     lines += ["", *[f"Note: {n}." for n in notes]] if notes else []
+    if s.get("task") == "lm":
+        return "\n".join([*lines, "", "No targets: issue 15's targets are for the translation models."]) + "\n"
     lines += ["", "| target | depth | measured | MFU (baseline's) | verdict |", "|---|---|---:|---:|---|"]
     for v in report["targets"]:
         t = v["target"]
@@ -153,6 +157,38 @@ def markdown(report: dict) -> str:
             lines += [f"| `{o['op']}` | {o['ms']:.1f} | {o['calls']} | {o['baseline_ms']:.1f} | {o['baseline_calls']} | "
                       f"{o['ms'] - o['baseline_ms']:+.1f} |" for o in prof["top"]]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def lm_header(report: dict) -> str:
+    """The header of a --task lm report (bench_lm.py): what was compared with what, on which data."""
+    m, s = report["machine"], report["settings"]
+    arch = report["results"][0]["baseline_arch"] if report["results"] else "transformer_lm_big"
+    return (
+        f"Language models (`--task lm`): ratios of each family's LM preset (`{{family}}_lm_*`) to fairseq's own "
+        f"transformer LM of the same shape, measured in the same run: fairseq's `{arch}` given the preset's width, "
+        f"FFN, heads and depth as `--decoder-*` options, i.e. Pre-LN with a final LayerNorm as all of fairseq's named "
+        f"LM archs (its plain `transformer_lm` is Post-LN without one), no plugin code. Median over {s['rounds']} interleaved rounds of wall-clock throughput (min-max; CPU: median ratio of "
+        f"process CPU times, immune to time lost to other processes). Width {s['width']}; {s['threads']} thread(s) "
+        f"on {m['cpu']} ({m['cpus']} CPUs), torch {m['torch']}; {report['corpus']}, target side, as one token stream "
+        f"in blocks of {s['tokens_per_sample']} tokens (fairseq's TokenBlockDataset, next-token targets, cross "
+        f"entropy), {s['train_batches']} training batch(es) of {s['max_tokens'] // s['tokens_per_sample']} blocks; "
+        f"generation: fairseq's SequenceGenerator, beam {s['beam']}, {s['decode_sentences']} prefixes of "
+        f"{s['lm_prefix_len']} tokens continued by exactly {s['decode_len']} tokens (decode sent/s = prefixes/s); "
+        + (f"float32 matmul peak {m['matmul_peak_gflops']:.1f} GFLOP/s" if m["matmul_peak_gflops"] else "")
+        + (f"; DCA's GRNs: {m['grn_kernels']}." if m.get("grn_kernels") else ".")
+        + _device_sentence(report)
+        + _load_sentence(m)
+    )
+
+
+def _load_sentence(m: dict) -> str:
+    """How busy the machine was: the 1-minute load average at the end of the run, against its CPUs."""
+    load = (m.get("load_average") or [None])[0]
+    if load is None:
+        return ""
+    busy = load > 0.75 * m["cpus"]
+    return (f" Load average {load:.1f} at the end on {m['cpus']} CPUs" + (": the machine was busy with other work, "
+            "so the wall-clock ratios are noisy and the CPU-time ratios are the steadier estimate." if busy else "."))
 
 
 def _device_sentence(report: dict) -> str:

@@ -189,8 +189,15 @@ def set_threads(threads: int) -> None:
 def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: None) -> dict:
     """The whole benchmark for resolved options: a report dict (see markdown())."""
     set_threads(opts.threads)
+    lm = getattr(opts, "task", "translation") == "lm"
+    if lm:
+        from bench_lm import (  # bench_lm imports this module
+            lm_shape,
+            make_lm_batches,
+            run_lm_depth,
+        )
     dictionary = build_dictionary(corpus, opts.vocab_size)
-    batches = make_batches(corpus, dictionary, opts)
+    batches = (make_lm_batches if lm else make_batches)(corpus, dictionary, opts)
     peak_start = matmul_peak(opts.peak_repeats, device=opts.device) if opts.peak_repeats else None
     log(f"matmul peak {(peak_start or 0) / 1e9:.1f} GFLOP/s on {opts.device}, {opts.threads} thread(s); "
         f"{batches.train_target_tokens} target tokens per training measurement")  # fmt: skip
@@ -198,8 +205,9 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
     with tempfile.TemporaryDirectory() as tmp:
         for lang in (SRC, TGT):  # the translation task reads its dictionaries from the data directory
             dictionary.save(str(Path(tmp) / f"dict.{lang}.txt"))
+        dictionary.save(str(Path(tmp) / "dict.txt"))  # the language_modeling task's
         for depth in opts.depths:
-            results.append(run_depth(depth, opts.families, Path(tmp), batches, opts, log))
+            results.append((run_lm_depth if lm else run_depth)(depth, opts.families, Path(tmp), batches, opts, log))
     peak_end = matmul_peak(opts.peak_repeats, device=opts.device) if opts.peak_repeats else None
     width = WIDTHS[opts.width_infix]
     report = {
@@ -226,6 +234,11 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
         "results": results,
         "not_benchmarked": opts.unmatched,
     }  # fmt: skip
+    if lm:  # issue 15's targets are for the translation models; the language models have none yet
+        report["settings"] |= {"task": "lm", "width": "/".join(map(str, lm_shape(opts).values())) + " (model/FFN/heads)",
+                               "tokens_per_sample": opts.tokens_per_sample, "lm_prefix_len": opts.lm_prefix_len}
+        report["targets"] = []
+        return report
     report["targets"] = [dict(v, target=vars(v["target"]) | {}) for v in check_targets(results)]
     return report
 

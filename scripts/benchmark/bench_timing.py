@@ -140,6 +140,9 @@ def model_train_flops(sample: dict, d: int, f: int, layers: tuple[int, int], voc
     """Model FLOPs of one training step by the formula of the module docstring."""
     enc, dec = layers
     b, s = sample["net_input"]["src_tokens"].shape
+    if "prev_output_tokens" not in sample["net_input"]:  # a language model's blocks: self-attention layers only
+        forward = 2 * b * s * (dec * (4 * d * d + 2 * d * f) + d * vocab) + 4 * d * b * dec * s * s
+        return 3.0 * forward
     t = sample["net_input"]["prev_output_tokens"].shape[1]
     forward = 2 * (b * s * (enc * (4 * d * d + 2 * d * f) + dec * 2 * d * d) + b * t * (dec * (6 * d * d + 2 * d * f) + d * vocab))
     forward += 4 * d * b * (enc * s * s + dec * (t * t + t * s))

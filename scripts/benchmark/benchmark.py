@@ -6,6 +6,7 @@ parameters and model FLOPs utilisation, at matched depth and width, measured in 
     python scripts/benchmark/benchmark.py --family residual --depth e18d18 --rounds 3 --threads 1
     python scripts/benchmark/benchmark.py --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
     python scripts/benchmark/benchmark.py --device cuda --threads 1       # on a GPU: fp32, fp16 and bf16 columns
+    python scripts/benchmark/benchmark.py --task lm --depth d6 --family dca  # language models, see bench_lm.py
 
 For every depth, the matched baseline ``transformer_preln_{width}{depth}`` (fairseq's ``transformer`` with
 Pre-LN, no plugin code) and every family at the same depth and width are built side by side, warmed up,
@@ -77,7 +78,12 @@ second table gives training tok/s, decoding sent/s (each with its ratio) and pea
 against the float32 (TF32 where torch allows it) matmul peak of the device. The CPU default (fp32 only)
 reports exactly as before.
 
-Files: benchmark.py (this command line), bench_families.py (line-up, targets, precisions, building a model),
+Language models (--task lm, issue 28): every family's LM preset ``{family}_lm_{width}d{depth}`` against fairseq's
+own transformer LM of the same shape (``transformer_lm_big`` given the width, FFN, heads and depth: Pre-LN with a
+final LayerNorm), on 128-token blocks and prefix-continuing generation; the same rounds, ratios and memory, no
+targets. bench_lm.py's docstring says how.
+
+Files: benchmark.py (this command line), bench_lm.py (--task lm), bench_families.py (line-up, targets, precisions, building a model),
 bench_data.py (corpus and batches), bench_timing.py (timing, memory, FLOPs, profiles), bench_run.py (the
 run), bench_report.py (verdicts and Markdown).
 """
@@ -124,8 +130,11 @@ from bench_families import (  # noqa: F401
     check_device,
     registered_families,
 )
+from bench_lm import LM_DEPTH_NAMES, LM_WIDTH_NAMES, lm_families, lm_shape
 from bench_report import check_targets, markdown, missed_metrics  # noqa: F401
 from bench_run import grn_kernels_status, run_benchmark  # noqa: F401
+
+LM_DEFAULT_DEPTH = "d6"
 
 
 def _bounded(kind: type, low: float, high: float | None = None) -> Callable[[str], object]:
@@ -144,11 +153,24 @@ def _bounded(kind: type, low: float, high: float | None = None) -> Callable[[str
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["translation", "lm"], default="translation",
+                   help="translation (default: the translation presets against fairseq's transformer) or lm (the "
+                   "language-model presets {family}_lm_{width}d{depth} of issue 28 against fairseq's transformer_lm "
+                   "of the same shape, Pre-LN; see bench_lm.py)")
+    p.add_argument("--lm-width", choices=sorted(LM_WIDTH_NAMES), default="base",
+                   help="--task lm: the LM preset width, base (512 model, 2048 FFN, 8 heads: fairseq's transformer_lm "
+                   "and the DCA paper's), gpt (768, 3072, 12, GELU) or big (1024, 4096, 16); default base")
+    p.add_argument("--tokens-per-sample", type=_bounded(int, 8, 4096), default=128,
+                   help="--task lm: tokens per block, fairseq's --tokens-per-sample, 8..4096 (default 128, the DCA "
+                   "paper's sequence length)")
+    p.add_argument("--lm-prefix-len", type=_bounded(int, 1, 512), default=16,
+                   help="--task lm: prefix tokens each generation continues, 1..512 (default 16)")
     p.add_argument("--family", action="append", metavar="NAME",
                    help="benchmark only this family (repeatable; default every registered family but "
                    f"{BASELINE}, the baseline)")  # fmt: skip
     p.add_argument("--depth", action="append", metavar="EnDm",
-                   help=f"depths (repeatable) from {', '.join(DEPTHS)} (default {' '.join(DEFAULT_DEPTHS)})")
+                   help=f"depths (repeatable) from {', '.join(DEPTHS)} (default {' '.join(DEFAULT_DEPTHS)}); "
+                   f"--task lm: from {', '.join(LM_DEPTH_NAMES)} (default {LM_DEFAULT_DEPTH})")
     p.add_argument("--width", choices=sorted(WIDTH_NAMES), default="iwslt",
                    help="preset width: iwslt (256 model, 1024 FFN, 4 heads) or base (512, 2048, 8); default iwslt")
     p.add_argument("--embed-dim", type=_bounded(int, 8, 8192), help="override the model width (any size)")
@@ -210,8 +232,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_lm(opts) -> None:
+    """resolve() for --task lm: the families with LM presets, the LM depths."""
+    known = lm_families()
+    unknown = [f for f in opts.family or [] if f not in known]
+    if unknown:
+        raise BenchmarkError(f"--family {', '.join(unknown)}: no language model; choose from {', '.join(known)}")
+    opts.families = list(dict.fromkeys(opts.family or known))
+    depths = opts.depth or [LM_DEFAULT_DEPTH]
+    bad = [d for d in depths if d not in LM_DEPTH_NAMES]
+    if bad:
+        raise BenchmarkError(f"--depth {', '.join(bad)}: not an LM depth; choose from {', '.join(LM_DEPTH_NAMES)}")
+    opts.depths = list(dict.fromkeys(depths))
+    shape = lm_shape(opts)
+    if shape["decoder-embed-dim"] % shape["decoder-attention-heads"]:
+        raise BenchmarkError(f"--embed-dim {shape['decoder-embed-dim']} is not divisible by --heads "
+                             f"{shape['decoder-attention-heads']}")  # fmt: skip
+    if opts.tokens_per_sample > opts.max_tokens:
+        raise BenchmarkError(f"--tokens-per-sample {opts.tokens_per_sample} exceeds --max-tokens {opts.max_tokens}")
+    if opts.lm_prefix_len + opts.decode_len >= opts.tokens_per_sample:
+        raise BenchmarkError(f"--lm-prefix-len {opts.lm_prefix_len} + --decode-len {opts.decode_len} must stay below "
+                             f"--tokens-per-sample {opts.tokens_per_sample} (the model's positions)")  # fmt: skip
+    if opts.profile != "none":
+        raise BenchmarkError("--profile: not available with --task lm yet (it explains misses of translation targets)")
+    opts.unmatched = {}
+    opts.width_infix = WIDTH_NAMES[opts.width]  # unused by the LM run; the report's width is the LM shape
+
+
 def resolve(opts) -> None:
     """Check option combinations; fill in the defaults that depend on the registry."""
+    if opts.task == "lm":
+        resolve_lm(opts)
+        opts.decode_batch_size = min(opts.decode_batch_size, opts.decode_sentences)
+        check_device(opts.device)
+        opts.precisions = list(dict.fromkeys(opts.precision or DEFAULT_PRECISIONS[opts.device][:1]))
+        if opts.device == "cpu" and "fp16" in opts.precisions:
+            raise BenchmarkError("--precision fp16 needs --device cuda (fairseq's --fp16 trainer calls .cuda())")
+        if len(opts.precisions) > 1:
+            raise BenchmarkError("--task lm measures one --precision per run")
+        return
     known = registered_families()
     families = opts.family or known
     unknown = [f for f in families if f not in known]
