@@ -34,18 +34,36 @@ FINGERPRINTS = _json("fingerprints.json")
 
 def load_golden(arch: str):
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(CHECKPOINTS / f"{arch}.pt")], arg_overrides={"data": str(CHECKPOINTS / "data"), "source_lang": "src", "target_lang": "tgt"}
+        [str(CHECKPOINTS / f"{arch}.pt")],
+        arg_overrides={
+            "data": str(CHECKPOINTS / "data"),
+            "source_lang": "src",
+            "target_lang": "tgt",
+        },
     )
     return models[0].eval(), task
 
 
-def beam_search(model, task, source: list[list[int]], beam: int = 3, max_len_b: int = 12) -> list[dict]:
-    generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0, max_len_b=max_len_b)
+def beam_search(
+    model, task, source: list[list[int]], beam: int = 3, max_len_b: int = 12
+) -> list[dict]:
+    generator = SequenceGenerator(
+        [model],
+        task.target_dictionary,
+        beam_size=beam,
+        max_len_a=0,
+        max_len_b=max_len_b,
+    )
     pad = task.source_dictionary.pad()
     longest = max(len(s) for s in source)
     # left-padded as fairseq's translation task batches them
     src = torch.tensor([[pad] * (longest - len(s)) + s for s in source])
-    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(s) for s in source])}}
+    sample = {
+        "net_input": {
+            "src_tokens": src,
+            "src_lengths": torch.tensor([len(s) for s in source]),
+        }
+    }
     with torch.no_grad():
         hypos = generator.generate([model], sample)
     return [
@@ -59,7 +77,13 @@ def beam_search(model, task, source: list[list[int]], beam: int = 3, max_len_b: 
 def test_golden_checkpoint_translates_identically(arch):
     model, task = load_golden(arch)
     expected = TRANSLATIONS["outputs"][arch]
-    got = beam_search(model, task, TRANSLATIONS["source"], TRANSLATIONS["beam"], TRANSLATIONS["max_len_b"])
+    got = beam_search(
+        model,
+        task,
+        TRANSLATIONS["source"],
+        TRANSLATIONS["beam"],
+        TRANSLATIONS["max_len_b"],
+    )
     for e, g in zip(expected, got, strict=True):
         assert g["tokens"] == e["tokens"]
         assert g["score"] == pytest.approx(e["score"], abs=1e-6)
@@ -67,12 +91,18 @@ def test_golden_checkpoint_translates_identically(arch):
 
 
 def test_every_golden_family_has_a_checkpoint():
-    assert TRANSLATIONS, "tests/golden/translations.json is missing: run tests/golden/make_golden.py"
-    assert all((CHECKPOINTS / f"{arch}.pt").exists() for arch in TRANSLATIONS["outputs"])
+    assert TRANSLATIONS, (
+        "tests/golden/translations.json is missing: run tests/golden/make_golden.py"
+    )
+    assert all(
+        (CHECKPOINTS / f"{arch}.pt").exists() for arch in TRANSLATIONS["outputs"]
+    )
 
 
 def test_every_preset_has_a_fingerprint():
-    assert set(PRESETS) <= set(FINGERPRINTS["presets"]), "new presets: add them with make_golden.py --fingerprints-only"
+    assert set(PRESETS) <= set(FINGERPRINTS["presets"]), (
+        "new presets: add them with make_golden.py --fingerprints-only"
+    )
 
 
 def _changed(arch: str) -> bool:
@@ -83,15 +113,21 @@ def _changed(arch: str) -> bool:
 def test_preset_builds_todays_parameters_and_initial_weights(arch):
     from .golden.make_golden import fingerprint, per_tensor
 
-    assert arch in PRESETS, f"{arch} was a named architecture at 8302f79 and must stay one"
+    assert arch in PRESETS, (
+        f"{arch} was a named architecture at 8302f79 and must stay one"
+    )
     model = build_model(arch)
     got, expected = fingerprint(model), FINGERPRINTS["presets"][arch]
     assert got["names_shapes"] == expected["names_shapes"]
     if _changed(arch):
-        assert got["values"] != expected["values"], f"{arch} is listed as changed by design but is unchanged"
+        assert got["values"] != expected["values"], (
+            f"{arch} is listed as changed by design but is unchanged"
+        )
         return
     if got["values"] != expected["values"] and arch in FINGERPRINTS["tensors"]:
         tensors = per_tensor(model)
-        moved = [n for n, v in FINGERPRINTS["tensors"][arch].items() if tensors.get(n) != v]
+        moved = [
+            n for n, v in FINGERPRINTS["tensors"][arch].items() if tensors.get(n) != v
+        ]
         pytest.fail(f"{arch}: initial values changed in {moved[:8]}")
     assert got["values"] == expected["values"]

@@ -35,7 +35,7 @@ GOLDEN = REPO / "tests" / "golden"
 CHECKPOINTS = GOLDEN / "checkpoints"
 sys.path.insert(0, str(REPO))
 
-from tests.helpers import (  # noqa: E402
+from tests.helpers import (
     binarize,
     build_model,
     family_train_args,
@@ -71,7 +71,10 @@ def fingerprint(model) -> dict:
 
 
 def per_tensor(model) -> dict:
-    return {name: [list(p.shape), tensor_digest(p)[:12]] for name, p in sorted(model.state_dict().items())}
+    return {
+        name: [list(p.shape), tensor_digest(p)[:12]]
+        for name, p in sorted(model.state_dict().items())
+    }
 
 
 def make_fingerprints() -> dict:
@@ -95,7 +98,11 @@ def scrub(checkpoint: Path) -> None:
     cfg["task"]["data"] = "data"
     cfg["checkpoint"]["save_dir"] = "checkpoints"
     model = cfg["model"]
-    for key, value in (("data", "data"), ("user_dir", None), ("save_dir", "checkpoints")):
+    for key, value in (
+        ("data", "data"),
+        ("user_dir", None),
+        ("save_dir", "checkpoints"),
+    ):
         if hasattr(model, key):
             setattr(model, key, value)
     torch.save(state, checkpoint)
@@ -114,7 +121,9 @@ def make_checkpoints(work: Path) -> None:
     CHECKPOINTS.mkdir(parents=True, exist_ok=True)
     (CHECKPOINTS / "data").mkdir(exist_ok=True)
     for lang in ("src", "tgt"):
-        shutil.copy(data / f"dict.{lang}.txt", CHECKPOINTS / "data" / f"dict.{lang}.txt")
+        shutil.copy(
+            data / f"dict.{lang}.txt", CHECKPOINTS / "data" / f"dict.{lang}.txt"
+        )
     for arch in GOLDEN_ARCHS:
         save = work / arch
         extra = [*LAYERS, "--no-save-optimizer-state", "--no-last-checkpoints", "--save-interval-updates",
@@ -130,8 +139,15 @@ def make_translations(work: Path) -> dict:
     from fairseq.data import Dictionary
 
     d = Dictionary.load(str(CHECKPOINTS / "data" / "dict.src.txt"))
-    lines = (make_reversal_corpus(work / "raw") / "test.src").read_text().splitlines()[:SENTENCES]
-    source = [d.encode_line(line, add_if_not_exist=False, append_eos=True).long().tolist() for line in lines]
+    lines = (
+        (make_reversal_corpus(work / "raw") / "test.src")
+        .read_text()
+        .splitlines()[:SENTENCES]
+    )
+    source = [
+        d.encode_line(line, add_if_not_exist=False, append_eos=True).long().tolist()
+        for line in lines
+    ]
     return {"source": source, "beam": BEAM, "max_len_b": MAX_LEN_B,
             "outputs": {arch: translate(arch, source) for arch in GOLDEN_ARCHS}}  # fmt: skip
 
@@ -139,16 +155,24 @@ def make_translations(work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fingerprints-only", action="store_true")
-    parser.add_argument("--keep-checkpoints", action="store_true", help="only translate the committed checkpoints")
+    parser.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="only translate the committed checkpoints",
+    )
     args = parser.parse_args()
     if not args.fingerprints_only:
         with tempfile.TemporaryDirectory() as tmp:
             if not args.keep_checkpoints:
                 make_checkpoints(Path(tmp))
             translations = make_translations(Path(tmp))
-        (GOLDEN / "translations.json").write_text(json.dumps(translations, indent=0) + "\n")
+        (GOLDEN / "translations.json").write_text(
+            json.dumps(translations, indent=0) + "\n"
+        )
     fingerprints = {"changed_by_design": {}, **make_fingerprints()}
-    (GOLDEN / "fingerprints.json").write_text(json.dumps(fingerprints, indent=0, sort_keys=True) + "\n")
+    (GOLDEN / "fingerprints.json").write_text(
+        json.dumps(fingerprints, indent=0, sort_keys=True) + "\n"
+    )
 
 
 if __name__ == "__main__":
