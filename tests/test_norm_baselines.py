@@ -3,6 +3,7 @@ out directly in float64, the initialization statistics of the methods that are i
 profiling pass (its recursion, idempotence, checkpoint), incremental decoding, option errors, and one
 fairseq-train + fairseq-generate run."""
 
+import copy
 import io
 import math
 
@@ -453,3 +454,33 @@ def test_admin_trains_in_fp16_and_translates_from_the_command_line(corpus_bin, t
     assert bool(state["admin_profiled"]) and float(omega.min()) > 1.0
     proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
     assert len(hypotheses(proc.stdout)) == 21
+
+
+# ------------------------------------------------------------------------------ issue 26, item 6: the defaults
+
+
+def test_deepnet_torchscale_divides_biases_too():
+    """torchscale divides every parameter of fc1/fc2/v_proj/out_proj, biases included, by init_scale."""
+    layer_args = ["--encoder-layers", "2", "--decoder-layers", "2"]
+    model = build_model("deepnet_e6d6", [*layer_args, "--deepnet-init", "torchscale"], seed=4)
+    layer = model.encoder.layers[0]
+    scale = rw.torchscale_init_scales(2, 2)["encoder"]
+    # the same init on a copy, without the division: every divided tensor is exactly the undivided one / scale
+    undivided = copy.deepcopy(layer)
+    torch.manual_seed(11)
+    rw.torchscale_init_(layer, scale)
+    torch.manual_seed(11)
+    rw.torchscale_init_(undivided, 1.0)
+    for name in ("fc1", "fc2"):
+        torch.testing.assert_close(getattr(layer, name).bias * scale, getattr(undivided, name).bias)
+        torch.testing.assert_close(getattr(layer, name).weight * scale, getattr(undivided, name).weight)
+    for proj in ("v_proj", "out_proj"):
+        torch.testing.assert_close(getattr(layer.self_attn, proj).bias * scale, getattr(undivided.self_attn, proj).bias)
+    for proj in ("q_proj", "k_proj"):
+        torch.testing.assert_close(getattr(layer.self_attn, proj).bias, getattr(undivided.self_attn, proj).bias)
+
+
+def test_tfixup_decoder_scale_uses_the_decoder_depth_by_default():
+    args = parse_model_args("tfixup_e12d6")
+    assert args.tfixup_decoder_depth == "decoder"
+    assert rw.tfixup_scales(12, 6, args.tfixup_decoder_depth)["decoder"] == pytest.approx((9 * 6) ** -0.25)

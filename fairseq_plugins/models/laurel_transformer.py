@@ -104,8 +104,10 @@ class LaurelTransformerModel(TransformerModel):
         )  # fmt: skip
         parser.add_argument(
             "--laurel-rw-norm", type=argparse_type(check_choice, "laurel_rw_norm", RW_NORMS), metavar="N",
-            help="rw: none (default; alpha, beta learned directly from 1, the baseline at initialisation) or "
-            "softmax ((alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5, bounded as the paper suggests)",
+            help="rw: softmax (default: (alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5; the paper, "
+            "section 2.1, says the learned weights must be bounded in practice, by softmax or sigmoid) or none "
+            "(alpha, beta learned directly from 1, unbounded, the Pre-LN baseline at initialisation; this "
+            "plugin's default until issue 26); one of none, softmax",
         )  # fmt: skip
 
     @classmethod
@@ -126,7 +128,7 @@ class LaurelTransformerModel(TransformerModel):
 
 @register_model_architecture("laurel_transformer", "laurel_transformer")
 def laurel_base_architecture(args):
-    set_defaults(args, {"laurel_variant": "lr", "laurel_rank": 32, "laurel_pa_k": 3, "laurel_rw_norm": "none"})
+    set_defaults(args, {"laurel_variant": "lr", "laurel_rank": 32, "laurel_pa_k": 3, "laurel_rw_norm": "softmax"})
 
 
 for _variant in VARIANTS:

@@ -160,9 +160,10 @@ class DeepNetTransformerModel(_WiredModel):
         super().add_args(parser)
         parser.add_argument(
             "--deepnet-init", type=argparse_type(check_choice, "deepnet_init", DEEPNET_INITS), metavar="INIT",
-            help="paper (default): xavier_normal with gain beta for fc1/fc2/v/out and 1 for q/k (the paper's "
-            "pseudocode); torchscale: PyTorch-default Linear weights, fc1/fc2/v/out divided by torchscale's "
-            "init_scale (encoder beta 1.32x the paper's)",
+            help="paper (default, the paper's figure 2 pseudocode): xavier_normal with gain beta for fc1/fc2/v/out "
+            "and 1 for q/k; torchscale (the authors' torchscale code): PyTorch-default Linear weights and biases, "
+            "fc1/fc2/v/out weights and biases divided by torchscale's init_scale (encoder beta 1.32x the paper's); "
+            "one of paper, torchscale",
         )  # fmt: skip
 
     @classmethod
@@ -230,8 +231,9 @@ class TFixupTransformerModel(_WiredModel):
         parser.add_argument(
             "--tfixup-decoder-depth", type=argparse_type(check_choice, "tfixup_decoder_depth", TFIXUP_DECODER_DEPTHS),
             metavar="STACK",
-            help="the N of the decoder's (9N)^(-1/4): encoder (default, the paper's one N) or decoder (its own "
-            "depth M, as the authors' code)",
+            help="the N of the decoder's (9N)^(-1/4): decoder (default: its own depth M, as the paper's "
+            "derivation over the decoder's layers and the authors' code) or encoder (the encoder depth N, this "
+            "plugin's default until issue 26); one of encoder, decoder",
         )  # fmt: skip
 
     @classmethod
@@ -270,7 +272,7 @@ class TFixupTransformerModel(_WiredModel):
 
 @register_model_architecture("tfixup_transformer", "tfixup_transformer")
 def tfixup_architecture(args):
-    _defaults(args, {"tfixup_decoder_depth": "encoder", **POST_LN})
+    _defaults(args, {"tfixup_decoder_depth": "decoder", **POST_LN})
     base_architecture(args)
 
 
