@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.models.norm_baselines import NormFormerTransformerModel
+from fairseq_plugins.models.families import ALIASES
 from fairseq_plugins.modules import residual_wiring as rw
 from fairseq_plugins.validation import PluginOptionError
 
@@ -417,7 +417,7 @@ def test_bad_option_is_rejected_at_parse_time(arch, option, bad, capsys):
     ("deepnet_e6d6", "--encoder-normalize-before", "--encoder-normalize-before cannot be used with deepnet"),
     ("tfixup_e6d6", "--decoder-normalize-before", "--decoder-normalize-before cannot be used with tfixup"),
     ("tfixup_e6d6", "--layernorm-embedding", "--layernorm-embedding cannot be used with tfixup"),
-    ("b2t_e6d6", "--encoder-normalize-before", "cannot be used with b2t_transformer: its layers are Post-LN"),
+    ("b2t_e6d6", "--encoder-normalize-before", r"cannot be used with b2t_transformer \(--residual b2t\): its layers are Post-LN"),
     ("admin_e6d6", "--decoder-normalize-before", "cannot be used with admin"),
 ])  # fmt: skip
 def test_contradicting_layer_norm_options_are_rejected(arch, flag, message):
@@ -429,11 +429,11 @@ def test_normformer_needs_pre_ln_and_checks_its_flags_in_build_model():
     args = parse_model_args("normformer_e6d6")
     args.encoder_normalize_before = False
     with pytest.raises(PluginOptionError, match="--encoder-normalize-before must be set with normformer"):
-        NormFormerTransformerModel.build_model(args, TinyTask())
+        ALIASES["normformer_transformer"].build_model(args, TinyTask())
     args = parse_model_args("normformer_e6d6")
     args.scale_fc = "sometimes"
     with pytest.raises(PluginOptionError, match="--scale-fc must be true or false"):
-        NormFormerTransformerModel.build_model(args, TinyTask())
+        ALIASES["normformer_transformer"].build_model(args, TinyTask())
 
 
 def test_normformer_flags_can_be_switched_off():
