@@ -28,7 +28,8 @@ class Tying(Choice):
     @classmethod
     def conflict(cls, other) -> str | None:
         if cls.blocks and other.axis == "residual" and other.name == "normformer" and "ffn" in cls.blocks:
-            return "NormFormer wraps fc2 with its LN_f, so fc2 is no longer one nn.Linear a pair can share"
+            return ("NormFormer puts its LN_f inside fc2, so tying fc2 would share LN_f between the two layers too "
+                    "(not Crossformer's eq. 5)")
         return None
 
 

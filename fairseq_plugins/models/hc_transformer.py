@@ -78,7 +78,7 @@ class HCDecoderLayer(_HyperConnected, TransformerDecoderLayerBase):
         self._build_hc(cfg.decoder, 2 if no_encoder_attn else 3, first_site, rate, dynamic, cfg.export)
 
     # The sublayers of fairseq 0.12.3 TransformerDecoderLayerBase.forward, Pre-LN branch without
-    # cross-self-attention (rejected by check_pre_ln_stack) and the NormFormer scalings (not options of the
+    # cross-self-attention (rejected by axes/aggregation.py) and the NormFormer scalings (not options of the
     # translation transformer); changed: each is wrapped by a hyper-connection instead of x + T(x).
     def forward(
         self,
