@@ -142,7 +142,7 @@ def float32_module_types() -> tuple[type, ...]:
     from .modules.grn import GRN
     from .modules.laurel import LaurelConnection
 
-    return (nn.LayerNorm, GRN, DepthWeightedAverages, DynamicLinearCombination, LaurelConnection)
+    return (nn.LayerNorm, nn.RMSNorm, GRN, DepthWeightedAverages, DynamicLinearCombination, LaurelConnection)
 
 
 def _is_float32_module(module: nn.Module, types: tuple[type, ...]) -> bool:

@@ -44,7 +44,7 @@ CONFIGS = [
     ("dlcl_e6d6", []),
     ("dlcl_e6d6", ["--dlcl-init", "one"]),
     ("laurel_rw_e6d6", []),
-    ("laurel_rw_e6d6", ["--laurel-rw-norm", "softmax"]),
+    ("laurel_rw_e6d6", ["--laurel-rw-norm", "none"]),
     ("laurel_lr_e6d6", ["--laurel-rank", "3"]),
     ("laurel_pa_e6d6", ["--laurel-rank", "3"]),
     ("laurel_pa_e6d6", ["--laurel-rank", "2", "--laurel-pa-k", "2"]),
@@ -195,7 +195,8 @@ def test_forward_matches_the_equations(arch, extra):
 
 # ------------------------------------------------------------------------------------ identity at init
 
-IDENTITY_AT_INIT = [(a, e) for a, e in CONFIGS if not a.startswith("dlcl") and "softmax" not in e]
+# LAuReL-RW's bounded default (softmax, 0.5/0.5) is not the baseline at initialisation; its unbounded form is
+IDENTITY_AT_INIT = [(a, e) for a, e in CONFIGS if not a.startswith("dlcl") and (not a.startswith("laurel_rw") or "none" in e)]
 
 
 @pytest.mark.parametrize("arch,extra", IDENTITY_AT_INIT, ids=[" ".join([a, *e]) for a, e in IDENTITY_AT_INIT])
@@ -349,7 +350,8 @@ def test_bad_options_are_rejected_at_parse_time(arch, extra, message, capsys):
 @pytest.mark.parametrize(
     "name,value,message",
     [
-        ("encoder_normalize_before", False, "needs --encoder-normalize-before"),
+        # the stacks compose with every residual choice; the preset's --residual pre is what needs Pre-LN
+        ("encoder_normalize_before", False, "--encoder-normalize-before must be set with --residual pre"),
         ("decoder_layerdrop", 0.1, "--decoder-layerdrop"),
         ("cross_self_attention", True, "--cross-self-attention cannot be used"),
     ],
@@ -359,7 +361,8 @@ def test_python_api_options_are_checked_in_build_model(arch, name, value, messag
     setattr(args, name, value)
     with pytest.raises(PluginOptionError) as err:
         ARCH_MODEL_REGISTRY[arch].build_model(args, TinyTask())
-    assert message in str(err.value) and PRESETS[arch].model in str(err.value)
+    assert message in str(err.value)
+    assert name == "encoder_normalize_before" or PRESETS[arch].model in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -416,3 +419,13 @@ def test_half_precision_forward_matches_float32_at_init():
             expected = F.log_softmax(model(*batch)[0].double(), -1)
             got = F.log_softmax(model.half()(*batch)[0].double(), -1)
         torch.testing.assert_close(got, expected, rtol=0, atol=0.05)
+
+
+def test_laurel_rw_is_bounded_by_default():
+    """The paper (section 2.1) keeps RW's weights bounded in practice: softmax by default, 0.5/0.5 at init."""
+    conn = build_model("laurel_rw_e6d6").encoder.laurel[0]
+    assert conn.rw_norm == "softmax"
+    torch.testing.assert_close(conn.residual_weights(), torch.tensor([0.5, 0.5]))
+    conn.rw.data = torch.tensor([30.0, -30.0])
+    assert float(conn.residual_weights().detach().max()) <= 1.0
+    assert build_model("laurel_rw_e6d6", ["--laurel-rw-norm", "none"]).encoder.laurel[0].rw.tolist() == [1.0, 1.0]

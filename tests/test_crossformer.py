@@ -267,7 +267,7 @@ def test_criterion_refuses_a_model_without_guidance(arch):
 
 def test_hard_guidance_refuses_fully_sharded_data_parallel():
     args = parse_model_args("crossformer_hg_e6d6", ["--ddp-backend", "fully_sharded"])
-    with pytest.raises(PluginOptionError, match="--ddp-backend fully_sharded cannot be used with crossformer_hg"):
+    with pytest.raises(PluginOptionError, match="--ddp-backend fully_sharded cannot be used with --tying key-query"):
         type(build_model("crossformer_hg_e6d6")).build_model(args, TinyTask())
 
 

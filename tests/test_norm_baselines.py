@@ -3,6 +3,7 @@ out directly in float64, the initialization statistics of the methods that are i
 profiling pass (its recursion, idempotence, checkpoint), incremental decoding, option errors, and one
 fairseq-train + fairseq-generate run."""
 
+import copy
 import io
 import math
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.models.norm_baselines import NormFormerTransformerModel
+from fairseq_plugins.models.families import ALIASES
 from fairseq_plugins.modules import residual_wiring as rw
 from fairseq_plugins.validation import PluginOptionError
 
@@ -416,7 +417,7 @@ def test_bad_option_is_rejected_at_parse_time(arch, option, bad, capsys):
     ("deepnet_e6d6", "--encoder-normalize-before", "--encoder-normalize-before cannot be used with deepnet"),
     ("tfixup_e6d6", "--decoder-normalize-before", "--decoder-normalize-before cannot be used with tfixup"),
     ("tfixup_e6d6", "--layernorm-embedding", "--layernorm-embedding cannot be used with tfixup"),
-    ("b2t_e6d6", "--encoder-normalize-before", "cannot be used with b2t_transformer: its layers are Post-LN"),
+    ("b2t_e6d6", "--encoder-normalize-before", r"cannot be used with b2t_transformer \(--residual b2t\): its layers are Post-LN"),
     ("admin_e6d6", "--decoder-normalize-before", "cannot be used with admin"),
 ])  # fmt: skip
 def test_contradicting_layer_norm_options_are_rejected(arch, flag, message):
@@ -428,11 +429,11 @@ def test_normformer_needs_pre_ln_and_checks_its_flags_in_build_model():
     args = parse_model_args("normformer_e6d6")
     args.encoder_normalize_before = False
     with pytest.raises(PluginOptionError, match="--encoder-normalize-before must be set with normformer"):
-        NormFormerTransformerModel.build_model(args, TinyTask())
+        ALIASES["normformer_transformer"].build_model(args, TinyTask())
     args = parse_model_args("normformer_e6d6")
     args.scale_fc = "sometimes"
     with pytest.raises(PluginOptionError, match="--scale-fc must be true or false"):
-        NormFormerTransformerModel.build_model(args, TinyTask())
+        ALIASES["normformer_transformer"].build_model(args, TinyTask())
 
 
 def test_normformer_flags_can_be_switched_off():
@@ -453,3 +454,33 @@ def test_admin_trains_in_fp16_and_translates_from_the_command_line(corpus_bin, t
     assert bool(state["admin_profiled"]) and float(omega.min()) > 1.0
     proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
     assert len(hypotheses(proc.stdout)) == 21
+
+
+# ------------------------------------------------------------------------------ issue 26, item 6: the defaults
+
+
+def test_deepnet_torchscale_divides_biases_too():
+    """torchscale divides every parameter of fc1/fc2/v_proj/out_proj, biases included, by init_scale."""
+    layer_args = ["--encoder-layers", "2", "--decoder-layers", "2"]
+    model = build_model("deepnet_e6d6", [*layer_args, "--deepnet-init", "torchscale"], seed=4)
+    layer = model.encoder.layers[0]
+    scale = rw.torchscale_init_scales(2, 2)["encoder"]
+    # the same init on a copy, without the division: every divided tensor is exactly the undivided one / scale
+    undivided = copy.deepcopy(layer)
+    torch.manual_seed(11)
+    rw.torchscale_init_(layer, scale)
+    torch.manual_seed(11)
+    rw.torchscale_init_(undivided, 1.0)
+    for name in ("fc1", "fc2"):
+        torch.testing.assert_close(getattr(layer, name).bias * scale, getattr(undivided, name).bias)
+        torch.testing.assert_close(getattr(layer, name).weight * scale, getattr(undivided, name).weight)
+    for proj in ("v_proj", "out_proj"):
+        torch.testing.assert_close(getattr(layer.self_attn, proj).bias * scale, getattr(undivided.self_attn, proj).bias)
+    for proj in ("q_proj", "k_proj"):
+        torch.testing.assert_close(getattr(layer.self_attn, proj).bias, getattr(undivided.self_attn, proj).bias)
+
+
+def test_tfixup_decoder_scale_uses_the_decoder_depth_by_default():
+    args = parse_model_args("tfixup_e12d6")
+    assert args.tfixup_decoder_depth == "decoder"
+    assert rw.tfixup_scales(12, 6, args.tfixup_decoder_depth)["decoder"] == pytest.approx((9 * 6) ** -0.25)

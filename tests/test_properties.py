@@ -1,4 +1,5 @@
-"""Properties over random small configurations of every family (seeded hypothesis search):
+"""Properties over random small configurations of every family and of the axes grid's working combinations
+(seeded hypothesis search; fairseq_plugins/axes/grid.py):
 incremental == full decoding, each sentence's output independent of its batch and of left or right
 source padding, and state_dict save/load round trips."""
 
@@ -8,11 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fairseq_plugins.axes.grid import combinations, refusal
 from fairseq_plugins.models import PRESETS
 
 from .helpers import build_model, full_and_incremental_logits, random_batch
 
 FAMILIES = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS})
+GRID = [c for c in combinations() if refusal(c) is None]
 # fairseq takes attention's softmax in float32 even in a float64 model, hence 1e-5 and not 1e-12
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
@@ -21,7 +24,11 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
 
 @st.composite
 def configurations(draw):
-    family = draw(st.sampled_from(FAMILIES))
+    if draw(st.booleans()):  # a family's preset, or a working combination of the axes
+        arch, axes = f"{draw(st.sampled_from(FAMILIES))}_e6d6", []
+    else:
+        combo = draw(st.sampled_from(GRID))
+        arch, axes = "residual_axes", [f for a, n in combo.items() for f in ("--" + a.replace("_", "-"), n)]
     heads = draw(st.sampled_from([1, 2, 4]))
     dim = heads * draw(st.sampled_from([4, 8]))  # sinusoidal positions need dim >= 4
     args = ["--encoder-layers", str(draw(st.integers(1, 4))), "--decoder-layers", str(draw(st.integers(1, 4))),
@@ -29,7 +36,7 @@ def configurations(draw):
             "--encoder-ffn-embed-dim", str(draw(st.sampled_from([4, 16, 32]))),
             "--decoder-ffn-embed-dim", str(draw(st.sampled_from([4, 16, 32]))),
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads)]  # fmt: skip
-    return f"{family}_e6d6", args, draw(st.integers(0, 2**16))
+    return arch, [*args, *axes], draw(st.integers(0, 2**16))
 
 
 def build(config):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_plugins.models.dca_transformer import DCATransformerModel
+from fairseq_plugins.models.families import ALIASES
 
 from .helpers import REPO, generate_command, hypotheses, run, train_command, train_log
 
@@ -42,7 +42,7 @@ def test_retrofitted_checkpoint_translates_identically_and_trains_on(
     assert retrofit_module.main([str(preln_checkpoint), str(out), "--dca-k", "2"]) == 0
     assert "--restore-file" in capsys.readouterr().out and [p.name for p in tmp_path.iterdir()] == ["dca.pt"]
     models, _ = checkpoint_utils.load_model_ensemble([str(out)])
-    assert isinstance(models[0], DCATransformerModel)
+    assert isinstance(models[0], ALIASES["dca_transformer"])
     assert models[0].encoder.dca_k == 2 and models[0].encoder.layers[3].grn.b.shape == (3, 4, 16)
 
     extra = [*SHAPE, "--dca-k", "2", "--restore-file", out, "--reset-optimizer"]

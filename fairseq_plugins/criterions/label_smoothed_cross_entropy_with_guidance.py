@@ -48,15 +48,16 @@ class LabelSmoothedCrossEntropyWithGuidanceConfig(LabelSmoothedCrossEntropyCrite
 
 def model_guidance_loss(model) -> torch.Tensor:
     """Call ``model.guidance_loss()``; refuse a model that has none."""
+    inner = model
+    while hasattr(inner, "module"):  # name the model, not fairseq's distributed wrappers around it
+        inner = inner.module
     guidance_loss = getattr(model, "guidance_loss", None)
-    if not callable(guidance_loss):
-        inner = model
-        while hasattr(inner, "module"):  # name the model, not fairseq's distributed wrappers around it
-            inner = inner.module
+    if not callable(guidance_loss) or not getattr(inner, "soft_guidance", True):
         raise PluginOptionError(
             f"--criterion {NAME} needs a model with a guidance_loss() method (the regularizer of eq. 1), "
-            f"e.g. --arch crossformer_sg_*; {type(inner).__name__} has none. crossformer_hg ties the guided "
-            "pairs, so its regularizer is identically 0: train it with --criterion label_smoothed_cross_entropy"
+            f"e.g. --arch crossformer_sg_* or --guidance BLOCKS; {type(inner).__name__} has none. crossformer_hg ties "
+            "the guided pairs, so its regularizer is identically 0: train it with --criterion "
+            "label_smoothed_cross_entropy"
         )
     return guidance_loss()
 

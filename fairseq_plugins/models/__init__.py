@@ -2,13 +2,14 @@
 importing them explicitly makes ``import fairseq_plugins`` register everything too (the Python API)."""
 
 from . import (  # noqa: F401
+    axes_transformer,
     baselines,
     crossformer,
     dca_transformer,
     depth_aggregation_transformer,
+    families,
     hc_transformer,
     laurel_transformer,
-    norm_baselines,
     residual_transformer,
 )
 from .presets import DEPTHS, PRESETS, WIDTHS  # noqa: F401

@@ -22,33 +22,17 @@ vocabulary (the paper's 60M vs 61M comes from its per-block count, which drops b
 counts a partner for the top layer); 16+16 would have 87M, 8+8 53M.
 """
 
-from fairseq.models import (
-    ARCH_MODEL_NAME_REGISTRY,
-    register_model,
-    register_model_architecture,
-)
-from fairseq.models.transformer import TransformerModel, base_architecture
-from torch import Tensor
 
 from ..modules.cross_layer_guidance import (
     BLOCKS,
-    NORMS,
-    TiedLinear,
-    guidance_loss,
     guidance_pairs,
-    materialise_tied_projections,
-    tie_pairs,
     tied_parameter_count,
 )
-from ..precision import AutocastModel
 from ..validation import (
     PluginOptionError,
-    argparse_type,
-    check_choice,
     check_choice_list,
 )
-from .layer_pruning import SIDES, check_layers_to_keep, kept_layers
-from .presets import WIDTHS, register_family, register_preset
+from .layer_pruning import SIDES, kept_layers
 
 ALL_BLOCKS = "all"
 
@@ -98,139 +82,6 @@ def record_pruned_layer_ids(args) -> None:
             setattr(args, layer_ids_attr(side), ",".join(map(str, ids)))
 
 
-class _CrossformerModel(AutocastModel, TransformerModel):
-    """fairseq's transformer plus the guidance pairs of its encoder and decoder layer stacks."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--guidance",
-            type=argparse_type(check_guidance, "guidance"),
-            metavar="BLOCKS",
-            help="guided pairs of adjacent layers: 'all' or a comma-separated list of key-query "
-            "(W_K(t) ~ W_Q(t+1), eq. 3), ffn (W2 at odd t, W1 at even t, eq. 5), value (W_F at odd t, "
-            "W_V at even t, eq. 6); default key-query (all for crossformer_all_e16d6)",
-        )
-
-    @classmethod
-    def check_args(cls, args) -> None:
-        args.guidance = check_guidance("guidance", args.guidance)
-        check_layers_to_keep(args)
-
-    @classmethod
-    def build_model(cls, args, task):
-        cls.check_args(args)
-        record_pruned_layer_ids(args)
-        return super().build_model(args, task)
-
-    def __init__(self, args, encoder, decoder):
-        super().__init__(args, encoder, decoder)
-        blocks = guided_blocks(args.guidance)
-        # pairs join layers that were adjacent before any pruning (cross_layer_guidance.guidance_pairs)
-        self.guidance_pairs = {
-            side: guidance_pairs(len(stack.layers), blocks, recorded_layer_ids(args, side))
-            for side, stack in (("encoder", encoder), ("decoder", decoder))
-        }
-
-
-@register_model("crossformer_sg")
-class CrossformerSGModel(_CrossformerModel):
-    """Crossformer-SG: a Pre-LN transformer whose ``guidance_loss()`` is L_reg of eq. 1."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--guidance-norm",
-            type=argparse_type(check_choice, "guidance_norm", NORMS),
-            metavar="NORM",
-            help="norm of each pair's difference in L_reg (eq. 1): l1 (sum of absolute values) or l2 "
-            "(Euclidean norm, not squared); default l2 (section 3.1)",
-        )
-
-    @classmethod
-    def check_args(cls, args) -> None:
-        super().check_args(args)
-        args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, NORMS)
-
-    @classmethod
-    def build_model(cls, args, task):
-        crossformer_sg_architecture(args)
-        return super().build_model(args, task)
-
-    def guidance_loss(self) -> Tensor:
-        """L_reg = sum over encoder and decoder pairs of ||A(t) - sg(B(t+1))||_n: a scalar (float32 or wider).
-
-        The interface ``label_smoothed_cross_entropy_with_guidance`` reads: any model can provide a
-        ``guidance_loss()`` returning a scalar that is differentiable in the parameters it regularizes.
-        """
-        norm = self.args.guidance_norm
-        return guidance_loss(self.encoder.layers, self.guidance_pairs["encoder"], norm) + guidance_loss(
-            self.decoder.layers, self.guidance_pairs["decoder"], norm
-        )
-
-
-@register_model("crossformer_hg")
-class CrossformerHGModel(_CrossformerModel):
-    """Crossformer-HG: each pair's lower projection computes with the upper layer's ``nn.Linear``.
-
-    Tied weights are one Parameter, owned by layer t+1, so it appears once in ``parameters()`` (hence in
-    the optimizer, fp16 flat buffers and DDP's gradient reduction, which all start from it), once in
-    ``state_dict()``, and loading a checkpoint fills it once: there is nothing to re-tie. It receives the
-    sum of both layers' gradients.
-    """
-
-    @classmethod
-    def check_args(cls, args) -> None:
-        super().check_args(args)
-        if getattr(args, "ddp_backend", None) == "fully_sharded":
-            raise PluginOptionError(
-                "--ddp-backend fully_sharded cannot be used with crossformer_hg: FSDP flattens and shards "
-                "each layer's parameters apart, and hard guidance shares them between adjacent layers; "
-                "use c10d, legacy_ddp or no_c10d"
-            )
-
-    @classmethod
-    def build_model(cls, args, task):
-        crossformer_hg_architecture(args)
-        return super().build_model(args, task)
-
-    def __init__(self, args, encoder, decoder):
-        super().__init__(args, encoder, decoder)
-        # tied here, once both layers of every pair exist: fairseq's build_*_layer hooks build one layer
-        # at a time and get no layer index
-        tie_pairs(self.encoder.layers, self.guidance_pairs["encoder"])
-        tie_pairs(self.decoder.layers, self.guidance_pairs["decoder"])
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        """fairseq's parameters, each shared one once under its owner's name and at its owner's place.
-
-        ``TiedLinear`` registers the owner's Parameters too (for TorchScript), which would put a shared
-        Parameter at the lower layer's place in ``parameters()``: a different order than checkpoints saved
-        before, whose optimizer states (Adam moments, matched to parameters by position) would then be
-        loaded onto other tensors of the same shape. Skipping the aliases keeps the order and names.
-        """
-        aliases = {f"{prefix}.{n}" if prefix else n for n, m in self.named_modules() if isinstance(m, TiedLinear)}
-        seen = set()
-        for name, param in super().named_parameters(prefix, recurse, remove_duplicate=False):
-            if name.rpartition(".")[0] in aliases or (remove_duplicate and id(param) in seen):
-                continue
-            seen.add(id(param))
-            yield name, param
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        """Give tied lower projections their own entries before fairseq prunes layers (``prune_state_dict``
-        runs right after this): each kept layer then loads exactly the weights it was trained with, and
-        ``TiedLinear`` drops the entries again wherever this model still ties them. Old checkpoints (each
-        shared weight saved once, under its owner) and new ones have the same format.
-        """
-        super().upgrade_state_dict_named(state_dict, name)
-        blocks = guided_blocks(self.args.guidance)
-        for side in SIDES:
-            materialise_tied_projections(state_dict, f"{name}.{side}" if name else side, blocks)
-
-
 def expected_tied_parameter_saving(args) -> int:
     """Parameters a ``crossformer_hg`` model has fewer than fairseq's transformer of the same shape.
 
@@ -239,11 +90,13 @@ def expected_tied_parameter_saving(args) -> int:
     T layers has T-1 pairs per guided block, so with d_ffn = 4 d_model its weights shrink by (T-1) times
     the paper's per-block saving (section 2.2, "Model proprieties": 1 d_m^2 key-query, 4 d_m^2 FFN,
     1 d_m^2 value, 6 d_m^2 all); the paper's count of T blocks ignores that the top layer has no partner.
-    Returns 0 for other models (``crossformer_sg`` ties nothing). ``args`` as parsed for ``--arch``.
+    Returns 0 for a model that ties nothing (``--tying none``, e.g. ``crossformer_sg``). ``args`` as parsed for
+    ``--arch``.
     """
-    if ARCH_MODEL_NAME_REGISTRY.get(getattr(args, "arch", None), "crossformer_hg") != "crossformer_hg":
+    tying = getattr(args, "tying", None)
+    if tying in (None, "none"):
         return 0
-    blocks = guided_blocks(check_guidance("guidance", args.guidance))
+    blocks = guided_blocks(check_guidance("tying", tying))
     return sum(
         tied_parameter_count(
             guidance_pairs(getattr(args, f"{side}_layers"), blocks),
@@ -252,38 +105,3 @@ def expected_tied_parameter_saving(args) -> int:
         )
         for side in ("encoder", "decoder")
     )
-
-
-def _crossformer_defaults(args) -> None:
-    for name, value in {
-        "guidance": "key-query",
-        "encoder_normalize_before": True,  # Pre-LN, eq. 7-8
-        "decoder_normalize_before": True,
-    }.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-
-
-@register_model_architecture("crossformer_sg", "crossformer_sg")
-def crossformer_sg_architecture(args):
-    if getattr(args, "guidance_norm", None) is None:
-        args.guidance_norm = "l2"
-    _crossformer_defaults(args)
-    base_architecture(args)
-
-
-@register_model_architecture("crossformer_hg", "crossformer_hg")
-def crossformer_hg_architecture(args):
-    _crossformer_defaults(args)
-    base_architecture(args)
-
-
-register_family("crossformer_sg", "crossformer_sg", crossformer_sg_architecture)
-register_family("crossformer_hg", "crossformer_hg", crossformer_hg_architecture)
-# Crossformer table 1's other hard-guidance rows, one name each: a study compares them by --arch alone
-register_family("crossformer_hg_ffn", "crossformer_hg", crossformer_hg_architecture, {"guidance": "ffn"})
-register_family("crossformer_hg_value", "crossformer_hg", crossformer_hg_architecture, {"guidance": "value"})
-register_preset(
-    "crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""], crossformer_hg_architecture,
-    {"guidance": ALL_BLOCKS},
-)  # fmt: skip

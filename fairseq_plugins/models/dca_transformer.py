@@ -42,12 +42,6 @@ their ``iwslt_`` widths.
 """
 
 import torch
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import (
-    TransformerConfig,
-    TransformerModel,
-    base_architecture,
-)
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
@@ -63,10 +57,8 @@ from ..modules.depth_stack import (
     stack_entries,
 )
 from ..modules.grn import GRN
-from ..precision import AutocastModel
-from ..validation import PluginOptionError, argparse_type, check_choice, check_int
+from ..validation import PluginOptionError, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
-from .presets import register_family
 
 MODES = tuple(DCA_MODES)
 MAX_DCA_K = 10_000  # parse-time bound only; build_model bounds k by the model's depth
@@ -281,66 +273,6 @@ def check_dca_args(args) -> None:
         raise PluginOptionError("--cross-self-attention cannot be used with dca_transformer")
 
 
-@register_model("dca_transformer")
-class DCATransformerModel(AutocastModel, TransformerModel):
-    """DeepCrossAttention encoder-decoder (arXiv:2502.06785): fairseq's Pre-LN transformer whose layers read
-    GRN mixtures of all earlier layer outputs instead of the residual stream."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--dca-mode",
-            type=argparse_type(check_choice, "dca_mode", MODES),
-            metavar="MODE",
-            help="how a layer reads the stack of earlier outputs: dca (default; three GRN-v3 give the "
-            "self-attention's queries, keys and values, paper section 3.2) or grn-v1 | grn-v2 | grn-v3 (one "
-            "GRN of that version gives the layer's input; the ablation of paper table 7)",
-        )
-        parser.add_argument(
-            "--dca-k",
-            type=argparse_type(check_int, "dca_k", 0, MAX_DCA_K),
-            metavar="K",
-            help="k-DCA: the stack holds the embedding, the sum of the middle outputs and the last K outputs, "
-            "so cost stays flat with depth (paper section 3.1). 0 (default) keeps every output; "
-            "0 <= K <= the number of layers of the deeper side",
-        )
-
-    @classmethod
-    def build_model(cls, args, task):
-        dca_base_architecture(args)
-        check_dca_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return DCAEncoder(cfg, src_dict, embed_tokens, args.dca_mode, args.dca_k)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return DCADecoder(
-            cfg, tgt_dict, embed_tokens, args.dca_mode, args.dca_k, no_encoder_attn=cfg.no_cross_attention
-        )
-
-
-DCA_DEFAULTS = {
-    "dca_mode": "dca",
-    "dca_k": 0,
-    "encoder_normalize_before": True,
-    "decoder_normalize_before": True,
-}
-
-
-@register_model_architecture("dca_transformer", "dca_transformer")
-def dca_base_architecture(args):
-    for name, value in DCA_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-    base_architecture(args)
-
-
 def initial_dca_state(args) -> dict[str, Tensor]:
     """The entries a ``dca_transformer`` with ``args`` adds to a Pre-LN transformer's state dict, at their
     initial values (b = 1, w = 0: the model then computes the Pre-LN transformer), under the same names."""
@@ -355,6 +287,3 @@ def initial_dca_state(args) -> dict[str, Tensor]:
         state[f"{side}.dca_version"] = torch.tensor([DCA_FORMAT_VERSION])
     return state
 
-
-register_family("dca", "dca_transformer", dca_base_architecture)
-register_family("dca_k2", "dca_transformer", dca_base_architecture, {"dca_k": 2})

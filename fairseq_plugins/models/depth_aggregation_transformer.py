@@ -13,20 +13,14 @@ output; ``--denseformer-dilation``/``--denseformer-period`` give kxp) and ``dlcl
 widths.
 """
 
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
 
 from ..modules.depth_aggregation import (
-    DLCL_INITS,
     DepthWeightedAverages,
     DynamicLinearCombination,
 )
 from ..modules.depth_stack import DepthStack
-from ..precision import AutocastModel
-from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
-from .presets import register_family
+from .pre_ln_stack import add_format_version
 
 # k or p beyond a stack's depth is allowed and degenerate: k > L gives every DWA only its own block (the
 # baseline), p > L no DWA at all
@@ -122,95 +116,3 @@ class DLCLDecoder(_DLCLStack, LayerStackDecoder):
         return y, stack, attn
 
 
-# ----------------------------------------------------------------------------------------------- models
-
-
-def check_denseformer_args(args) -> None:
-    check_pre_ln_stack(args, "denseformer_transformer")
-    for name in ("denseformer_dilation", "denseformer_period"):
-        setattr(args, name, check_int(name, getattr(args, name), 1, MAX_PERIOD))
-
-
-@register_model("denseformer_transformer")
-class DenseFormerTransformerModel(AutocastModel, TransformerModel):
-    """DenseFormer encoder-decoder (arXiv:2402.02622): a depth-weighted average after every (p-th) block."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--denseformer-dilation", type=argparse_type(check_int, "denseformer_dilation", 1, MAX_PERIOD),
-            metavar="K", help="dilation k: DWA i averages X_j for j = i mod k (paper section 3.3); "
-            "1 (default) averages every earlier output; 1 <= K <= 10000",
-        )  # fmt: skip
-        parser.add_argument(
-            "--denseformer-period", type=argparse_type(check_int, "denseformer_period", 1, MAX_PERIOD),
-            metavar="P", help="period p: a DWA follows only the blocks i with i mod p = 0 (section 3.3); "
-            "1 (default) after every block; 1 <= P <= 10000",
-        )  # fmt: skip
-
-    @classmethod
-    def build_model(cls, args, task):
-        denseformer_base_architecture(args)
-        check_denseformer_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return DenseFormerEncoder(cfg, src_dict, embed_tokens, args.denseformer_dilation, args.denseformer_period)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return DenseFormerDecoder(cfg, tgt_dict, embed_tokens, args.denseformer_dilation, args.denseformer_period,
-                                  no_encoder_attn=cfg.no_cross_attention)  # fmt: skip
-
-
-@register_model_architecture("denseformer_transformer", "denseformer_transformer")
-def denseformer_base_architecture(args):
-    set_defaults(args, {"denseformer_dilation": 1, "denseformer_period": 1})
-
-
-def check_dlcl_args(args) -> None:
-    check_pre_ln_stack(args, "dlcl_transformer")
-    args.dlcl_init = check_choice("dlcl_init", args.dlcl_init, DLCL_INITS)
-
-
-@register_model("dlcl_transformer")
-class DLCLTransformerModel(AutocastModel, TransformerModel):
-    """DLCL encoder-decoder (Wang et al., ACL 2019): every layer reads a learned linear combination of the
-    LayerNorm'd outputs of all earlier layers (Pre-LN form)."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--dlcl-init", type=argparse_type(check_choice, "dlcl_init", DLCL_INITS), metavar="INIT",
-            help="initial weights W of the lower triangle: avg (default, the authors' choice: row l = "
-            "1/(l+1), each layer starts from the average of the earlier outputs) or one (all 1)",
-        )  # fmt: skip
-
-    @classmethod
-    def build_model(cls, args, task):
-        dlcl_base_architecture(args)
-        check_dlcl_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return DLCLEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, args.dlcl_init)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return DLCLDecoder(cfg, tgt_dict, embed_tokens, args.dlcl_init, no_encoder_attn=cfg.no_cross_attention)
-
-
-@register_model_architecture("dlcl_transformer", "dlcl_transformer")
-def dlcl_base_architecture(args):
-    set_defaults(args, {"dlcl_init": "avg"})
-
-
-register_family("denseformer", "denseformer_transformer", denseformer_base_architecture)
-register_family("dlcl", "dlcl_transformer", dlcl_base_architecture)

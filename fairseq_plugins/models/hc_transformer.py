@@ -16,8 +16,6 @@ every depth and both widths.
 """
 
 import torch
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
@@ -25,11 +23,9 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..modules.hyper_connections import MODES, HyperConnection
-from ..precision import AutocastModel
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
-from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
-from .presets import register_family
+from .pre_ln_stack import add_format_version
 
 MAX_RATE = 64
 
@@ -82,7 +78,7 @@ class HCDecoderLayer(_HyperConnected, TransformerDecoderLayerBase):
         self._build_hc(cfg.decoder, 2 if no_encoder_attn else 3, first_site, rate, dynamic, cfg.export)
 
     # The sublayers of fairseq 0.12.3 TransformerDecoderLayerBase.forward, Pre-LN branch without
-    # cross-self-attention (rejected by check_pre_ln_stack) and the NormFormer scalings (not options of the
+    # cross-self-attention (rejected by axes/aggregation.py) and the NormFormer scalings (not options of the
     # translation transformer); changed: each is wrapped by a hyper-connection instead of x + T(x).
     def forward(
         self,
@@ -169,52 +165,19 @@ class HCDecoder(_HCStack, LayerStackDecoder):
         return streams.sum(2), streams, attn
 
 
-def check_hc_args(args) -> None:
-    check_pre_ln_stack(args, "hc_transformer")
+def check_hc_options(args) -> None:
     args.hc_mode = check_choice("hc_mode", args.hc_mode, MODES)
     args.hc_rate = check_int("hc_rate", args.hc_rate, 1, MAX_RATE)
 
 
-@register_model("hc_transformer")
-class HCTransformerModel(AutocastModel, TransformerModel):
-    """Hyper-connections encoder-decoder (arXiv:2409.19606): fairseq's Pre-LN transformer on n streams."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--hc-mode", type=argparse_type(check_choice, "hc_mode", MODES), metavar="MODE",
-            help="static (SHC: learned A_m, A_r, B) or dynamic (DHC: plus input-dependent tanh terms, section "
-            "2.3); set by the hc_static/hc_dynamic presets",
-        )  # fmt: skip
-        parser.add_argument(
-            "--hc-rate", type=argparse_type(check_int, "hc_rate", 1, MAX_RATE), metavar="N",
-            help=f"expansion rate n, the streams per token (default 4, the paper's main setting; n = 1 gave no "
-            f"gain there); 1 <= N <= {MAX_RATE}",
-        )  # fmt: skip
-
-    @classmethod
-    def build_model(cls, args, task):
-        hc_base_architecture(args)
-        check_hc_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return HCEncoder(cfg, src_dict, embed_tokens, args.hc_rate, args.hc_mode == "dynamic")
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return HCDecoder(cfg, tgt_dict, embed_tokens, args.hc_rate, args.hc_mode == "dynamic",
-                         no_encoder_attn=cfg.no_cross_attention)  # fmt: skip
-
-
-@register_model_architecture("hc_transformer", "hc_transformer")
-def hc_base_architecture(args):
-    set_defaults(args, {"hc_mode": "dynamic", "hc_rate": 4})
-
-
-for _mode in MODES:
-    register_family(f"hc_{_mode}", "hc_transformer", hc_base_architecture, {"hc_mode": _mode})
+def add_hc_args(parser) -> None:
+    parser.add_argument(
+        "--hc-mode", type=argparse_type(check_choice, "hc_mode", MODES), metavar="MODE",
+        help="static (SHC: learned A_m, A_r, B) or dynamic (DHC: plus input-dependent tanh terms, section "
+        "2.3); set by the hc_static/hc_dynamic presets",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hc-rate", type=argparse_type(check_int, "hc_rate", 1, MAX_RATE), metavar="N",
+        help=f"expansion rate n, the streams per token (default 4, the paper's main setting; n = 1 gave no "
+        f"gain there); 1 <= N <= {MAX_RATE}",
+    )  # fmt: skip

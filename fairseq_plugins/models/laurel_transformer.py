@@ -9,16 +9,12 @@ Named architectures (presets.py): ``laurel_rw_*``, ``laurel_lr_*``, ``laurel_pa_
 widths.
 """
 
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
 from torch import nn
 
 from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
-from ..precision import AutocastModel
 from ..validation import argparse_type, check_choice, check_int
 from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import add_format_version, check_pre_ln_stack, set_defaults
-from .presets import register_family
+from .pre_ln_stack import add_format_version
 
 # r above the width is allowed (B A is then a full-rank D x D map with more parameters than it needs)
 MAX_RANK = 65_536
@@ -63,12 +59,14 @@ class LaurelDecoder(_LaurelStack, LayerStackDecoder):
         y, attn, _ = layer(
             x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
             self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
-        )  # fmt: skip
+    )  # fmt: skip
         return *self._connect(idx, x, y, history), attn
 
 
-def check_laurel_args(args) -> None:
-    check_pre_ln_stack(args, "laurel_transformer")
+LAUREL_DEFAULTS = {"laurel_variant": "lr", "laurel_rank": 32, "laurel_pa_k": 3, "laurel_rw_norm": "softmax"}
+
+
+def check_laurel_options(args) -> None:
     args.laurel_variant = check_choice("laurel_variant", args.laurel_variant, VARIANTS)
     args.laurel_rw_norm = check_choice("laurel_rw_norm", args.laurel_rw_norm, RW_NORMS)
     args.laurel_rank = check_int("laurel_rank", args.laurel_rank, 1, MAX_RANK)
@@ -77,59 +75,29 @@ def check_laurel_args(args) -> None:
 
 def laurel_options(args) -> dict:
     return {"variant": args.laurel_variant, "rank": args.laurel_rank, "pa_k": args.laurel_pa_k,
-            "rw_norm": args.laurel_rw_norm}  # fmt: skip
+        "rw_norm": args.laurel_rw_norm}  # fmt: skip
 
 
-@register_model("laurel_transformer")
-class LaurelTransformerModel(AutocastModel, TransformerModel):
-    """LAuReL encoder-decoder (arXiv:2411.07501): fairseq's Pre-LN transformer with a learned augmented
-    residual connection around every layer."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--laurel-variant", type=argparse_type(check_choice, "laurel_variant", VARIANTS), metavar="V",
-            help="rw (learned residual weights, section 2.1), lr (low-rank B A x added to the skip, eq. 3) or "
-            "pa (low-rank mix of the last k streams, eq. 4); set by the laurel_rw/lr/pa presets",
-        )  # fmt: skip
-        parser.add_argument(
-            "--laurel-rank", type=argparse_type(check_int, "laurel_rank", 1, MAX_RANK), metavar="R",
-            help="rank r of B A in lr and pa (default 32, the paper's ablation value; 4 and 64 for its 1B and "
-            "4B LLMs); 1 <= R <= 65536",
-        )  # fmt: skip
-        parser.add_argument(
-            "--laurel-pa-k", type=argparse_type(check_int, "laurel_pa_k", 1, MAX_PA_K), metavar="K",
-            help=f"pa: how many streams x_i, x_{{i-1}}, ... are mixed (default 3, the paper's ablation); "
+def add_laurel_args(parser) -> None:
+    parser.add_argument(
+        "--laurel-variant", type=argparse_type(check_choice, "laurel_variant", VARIANTS), metavar="V",
+        help="rw (learned residual weights, section 2.1), lr (low-rank B A x added to the skip, eq. 3) or "
+        "pa (low-rank mix of the last k streams, eq. 4); set by the laurel_rw/lr/pa presets",
+    )  # fmt: skip
+    parser.add_argument(
+        "--laurel-rank", type=argparse_type(check_int, "laurel_rank", 1, MAX_RANK), metavar="R",
+        help="rank r of B A in lr and pa (default 32, the paper's ablation value; 4 and 64 for its 1B and "
+        "4B LLMs); 1 <= R <= 65536",
+    )  # fmt: skip
+    parser.add_argument(
+        "--laurel-pa-k", type=argparse_type(check_int, "laurel_pa_k", 1, MAX_PA_K), metavar="K",
+        help=f"pa: how many streams x_i, x_{{i-1}}, ... are mixed (default 3, the paper's ablation); "
             f"1 <= K <= {MAX_PA_K}",
-        )  # fmt: skip
-        parser.add_argument(
-            "--laurel-rw-norm", type=argparse_type(check_choice, "laurel_rw_norm", RW_NORMS), metavar="N",
-            help="rw: none (default; alpha, beta learned directly from 1, the baseline at initialisation) or "
-            "softmax ((alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5, bounded as the paper suggests)",
-        )  # fmt: skip
-
-    @classmethod
-    def build_model(cls, args, task):
-        laurel_base_architecture(args)
-        check_laurel_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return LaurelEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, laurel_options(args))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return LaurelDecoder(cfg, tgt_dict, embed_tokens, laurel_options(args), no_encoder_attn=cfg.no_cross_attention)
-
-
-@register_model_architecture("laurel_transformer", "laurel_transformer")
-def laurel_base_architecture(args):
-    set_defaults(args, {"laurel_variant": "lr", "laurel_rank": 32, "laurel_pa_k": 3, "laurel_rw_norm": "none"})
-
-
-for _variant in VARIANTS:
-    register_family(f"laurel_{_variant}", "laurel_transformer", laurel_base_architecture,
-                    {"laurel_variant": _variant})  # fmt: skip
+    )  # fmt: skip
+    parser.add_argument(
+        "--laurel-rw-norm", type=argparse_type(check_choice, "laurel_rw_norm", RW_NORMS), metavar="N",
+        help="rw: softmax (default: (alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5; the paper, "
+        "section 2.1, says the learned weights must be bounded in practice, by softmax or sigmoid) or none "
+        "(alpha, beta learned directly from 1, unbounded, the Pre-LN baseline at initialisation; this "
+        "plugin's default until issue 26); one of none, softmax",
+    )  # fmt: skip

@@ -44,6 +44,21 @@ def _refuse_unless_scriptable(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def build_with_layers(cls, make_layer, *args, **kwargs):
+    """``cls(*args, **kwargs)`` whose ``build_*_layer`` hook builds each layer with ``make_layer``.
+
+    fairseq's encoder and decoder build their layers inside ``__init__`` through that hook, with no layer
+    factory argument; the factory is set on the new object before ``__init__`` runs (as fairseq's own
+    examples set what a hook needs before ``super().__init__()``), so no family's constructor changes.
+    ``make_layer(cfg)`` for an encoder, ``make_layer(cfg, no_encoder_attn)`` for a decoder.
+    """
+    stack = cls.__new__(cls)
+    object.__setattr__(stack, "_make_layer", make_layer)
+    stack.__init__(*args, **kwargs)
+    object.__delattr__(stack, "_make_layer")
+    return stack
+
+
 def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
     """Apply the activation-checkpoint and FSDP wrapping that fairseq's ``build_*_layer`` applies."""
     checkpoint = cfg.checkpoint_activations
@@ -54,12 +69,30 @@ def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+class FactoryEncoder(TransformerEncoderBase):
+    """fairseq's encoder, loop and all, whose layers come from ``build_with_layers``' factory."""
+
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(self.__dict__["_make_layer"](cfg), cfg)
+
+
+class FactoryDecoder(TransformerDecoderBase):
+    """fairseq's decoder, loop and all, whose layers come from ``build_with_layers``' factory."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(self.__dict__["_make_layer"](cfg, no_encoder_attn), cfg)
+
+
 class LayerStackEncoder(TransformerEncoderBase):
     """A fairseq encoder whose layer loop threads a family-specific ``carry`` between layers."""
 
     torchscript = False  # a family sets True once its hooks compile (module docstring)
     torchscript_unsupported_reason = "its layer loop threads state through hooks TorchScript cannot compile"
     __prepare_scriptable__ = _refuse_unless_scriptable
+
+    def build_encoder_layer(self, cfg):
+        make_layer = self.__dict__.get("_make_layer")  # set by build_with_layers
+        return super().build_encoder_layer(cfg) if make_layer is None else wrap_layer(make_layer(cfg), cfg)
 
     def begin_layers(self, x: Tensor) -> Any:
         """Return the initial carry from the embedding output x: (src_len, batch, embed_dim)."""
@@ -127,6 +160,12 @@ class LayerStackDecoder(TransformerDecoderBase):
     torchscript = False
     torchscript_unsupported_reason = "its layer loop threads state through hooks TorchScript cannot compile"
     __prepare_scriptable__ = _refuse_unless_scriptable
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        make_layer = self.__dict__.get("_make_layer")  # set by build_with_layers
+        if make_layer is None:
+            return super().build_decoder_layer(cfg, no_encoder_attn)
+        return wrap_layer(make_layer(cfg, no_encoder_attn), cfg)
 
     def begin_layers(self, x: Tensor) -> Any:
         """Return the initial carry from the embedding output x: (tgt_len, batch, embed_dim)."""

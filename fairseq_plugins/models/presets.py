@@ -1,8 +1,10 @@
 """One table of named architectures: every ``--arch`` name of the plugin is a row here.
 
-A family (a model plus its fixed settings) is crossed with every width and depth below, so
-``register_family("residual", "residual_transformer", residual_base_architecture)`` registers
-``residual_e6d6`` ... ``residual_e36d6`` and ``residual_iwslt_e6d6`` ... ``residual_iwslt_e36d6``.
+A family (a model plus its fixed settings: since issue 26 the axis choices of ``residual_axes``, rows in
+families.py) is crossed with every width and depth below, so ``register_family("residual",
+"residual_transformer", family_architecture("residual_transformer"))`` registers ``residual_e6d6`` ...
+``residual_e36d6`` and ``residual_iwslt_e6d6`` ... ``residual_iwslt_e36d6``; ``residual_transformer`` is the
+alias of ``residual_axes`` with ``--residual resi-dual``.
 ``scripts/analysis/param_table.py`` prints the table with the parameter count of each built model.
 
 Presets fix only the shape (depth, width, heads) and the family's own switches, and only as defaults:

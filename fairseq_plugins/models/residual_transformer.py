@@ -6,12 +6,6 @@ The equations, the authors' choices this follows and the FP16 scale are document
 """
 
 import torch
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import (
-    TransformerConfig,
-    TransformerModel,
-    base_architecture,
-)
 from torch import Tensor
 
 from ..modules.dual_residual import (
@@ -19,11 +13,7 @@ from ..modules.dual_residual import (
     ResiDualDecoderLayer,
     ResiDualEncoderLayer,
 )
-from ..precision import AutocastModel
-from ..validation import PluginOptionError, argparse_type, check_float
-from .layer_pruning import check_layers_to_keep
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
-from .presets import register_family
 
 
 class ResiDualEncoder(LayerStackEncoder):
@@ -97,59 +87,3 @@ class ResiDualDecoder(LayerStackDecoder):
         return self.dual_stream.merge(x, dual)
 
 
-def check_residual_args(args) -> None:
-    """Reject options that contradict ResiDual, naming them (see README, "Options and their checks")."""
-    args.dual_residual_scale = check_float("dual_residual_scale", args.dual_residual_scale, 0.0, 1.0, True)
-    check_layers_to_keep(args)
-    for side in ("encoder", "decoder"):
-        if getattr(args, f"{side}_normalize_before", False):
-            raise PluginOptionError(
-                f"--{side}-normalize-before cannot be used with residual_transformer: ResiDual's layers "
-                "are Post-LN and its dual stream plays the Pre-LN part (use a transformer_preln_* arch "
-                "for a Pre-LN model)"
-            )
-
-
-@register_model("residual_transformer")
-class ResiDualTransformerModel(AutocastModel, TransformerModel):
-    """ResiDual encoder-decoder (arXiv:2304.14802): fairseq's transformer with dual residual streams."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument(
-            "--dual-residual-scale",
-            type=argparse_type(check_float, "dual_residual_scale", 0.0, 1.0, True),
-            metavar="S",
-            help="scale s of the dual residual stream, 0 < s <= 1 (default 1). The output is unchanged "
-            "(LN(s*x) = LN(x)); s < 1 keeps the stream inside the FP16 range in deep models "
-            "(ResiDual appendix H.3; the authors used 0.05 for fp16 OPUS-100)",
-        )
-
-    @classmethod
-    def build_model(cls, args, task):
-        residual_base_architecture(args)
-        check_residual_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return ResiDualEncoder(cfg, src_dict, embed_tokens, args.dual_residual_scale)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return ResiDualDecoder(
-            cfg, tgt_dict, embed_tokens, args.dual_residual_scale, no_encoder_attn=cfg.no_cross_attention
-        )
-
-
-@register_model_architecture("residual_transformer", "residual_transformer")
-def residual_base_architecture(args):
-    if getattr(args, "dual_residual_scale", None) is None:
-        args.dual_residual_scale = 1.0
-    base_architecture(args)
-
-
-register_family("residual", "residual_transformer", residual_base_architecture)

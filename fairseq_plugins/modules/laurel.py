@@ -18,9 +18,10 @@ first layers PA uses the x_{i-j} that exist (j <= i).
 
 Initialisation and choices the paper leaves open (its RW normalisation and init, PA's g init, the exact
 placement: UNCONFIRMED, no authors' code):
-- RW: ``--laurel-rw-norm none`` (default) learns alpha and beta directly from alpha = beta = 1, so the model
-  starts as its Pre-LN transformer; ``softmax`` bounds them as the paper suggests, (alpha, beta) =
-  softmax(logits), logits 0: alpha = beta = 0.5 at initialisation, which is not the baseline.
+- RW: ``--laurel-rw-norm softmax`` (default) bounds them as the paper says is needed in practice (section 2.1:
+  softmax or sigmoid), (alpha, beta) = softmax(logits), logits 0: alpha = beta = 0.5 at initialisation, which
+  is not the baseline; ``none`` learns alpha and beta directly from alpha = beta = 1, so the model starts as
+  its Pre-LN transformer (the default until issue 26; checkpoints record their choice and keep it).
 - LR and PA: B = 0 (the model starts as its Pre-LN transformer); A is the paper's LLM initialisation,
   column-orthogonal A_{j,i} = 1/sqrt(rD) if i mod r = j, else 0 (written in our r x D orientation: the paper's
   shapes in section 2.2 and eq. 3 disagree).
@@ -57,7 +58,7 @@ class LaurelConnection(nn.Module):
         rw_norm: ``none`` or ``softmax`` (``rw``).
     """
 
-    def __init__(self, variant: str, embed_dim: int, rank: int = 32, pa_k: int = 3, rw_norm: str = "none"):
+    def __init__(self, variant: str, embed_dim: int, rank: int = 32, pa_k: int = 3, rw_norm: str = "softmax"):
         super().__init__()
         if variant not in VARIANTS or rw_norm not in RW_NORMS:
             raise ValueError(f"LAuReL variant must be in {VARIANTS} and rw_norm in {RW_NORMS}")

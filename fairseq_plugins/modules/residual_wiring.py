@@ -16,7 +16,8 @@ section 3 and figure 2's pseudocode), Post-LN with an up-weighted skip on every 
     q_proj, k_proj; the decoder's self- and cross-attention both take beta_d; biases, LayerNorms and
     embeddings unchanged.
     init ("torchscale", the authors' later code): every nn.Linear of the layer keeps PyTorch's default
-    init (torchscale never calls its attention's reset_parameters), then fc1, fc2, v_proj, out_proj are
+    init (torchscale never calls its attention's reset_parameters), then every parameter of fc1, fc2,
+    v_proj, out_proj, weight and bias (torchscale divides each named parameter containing those names), is
     divided by init_scale: (N^4 M)^(1/16) / 1.15 in the encoder (an effective beta 1.32x the paper's),
     (12M)^(1/4) in the decoder.
 
@@ -27,8 +28,10 @@ section 3.2's initialization procedure), no LayerNorm at all (sublayers, final, 
     Xavier (uniform, gain 1) for every weight matrix except the embeddings, which keep fairseq's
     N(0, d^-1/2); then scale decoder v and out matrices, decoder FFN weights and both input embeddings by
     (9N)^(-1/4), encoder v and out matrices and encoder FFN weights by 0.67 N^(-1/4).
-    The paper has one N (its models have N encoder and N decoder layers). The authors' code uses the
-    decoder's own depth M for the decoder side (``--tfixup-decoder-depth decoder``); with shared
+    The paper has one N (its models have N encoder and N decoder layers, and its decoder's derivation is
+    over the decoder's own layers). The authors' code uses the decoder's own depth M for the decoder side,
+    which is the default (``--tfixup-decoder-depth decoder``; ``encoder`` gives the code of 8302f79, whose
+    default it was, and shrinks the decoder scale by (N/M)^(1/4), 1.19-1.57x on E12D6..E36D6); with shared
     embeddings it scales the one table once, with N. It also keeps fairseq's q/k gain 1/sqrt(2); we
     follow the paper's "Xavier for all" (gain 1), which only rescales the initial attention logits.
     Biases: fc biases zero (as the authors' Linear), attention biases as fairseq leaves them.
@@ -188,14 +191,17 @@ def deepnet_init_(layer, beta: float) -> None:
 
 @torch.no_grad()
 def torchscale_init_(layer, init_scale: float) -> None:
-    """torchscale's init: PyTorch-default Linear weights, fc1/fc2/v/out divided by init_scale."""
+    """torchscale's init: PyTorch-default Linear weights and biases, fc1/fc2/v/out (weights and biases) divided
+    by init_scale (torchscale's ``p.data.div_(init_scale)`` for every named parameter of those projections)."""
     for module in layer.modules():
         if isinstance(module, nn.Linear):
             module.reset_parameters()
     scaled = [layer.fc1, layer.fc2]
     for attn in attentions(layer):
         scaled += [attn.v_proj, attn.out_proj]
-    scale_weights_(scaled, 1.0 / init_scale)
+    for module in scaled:
+        for p in module.parameters():
+            p.div_(init_scale)
 
 
 # ---------------------------------------------------------------------------------------------------

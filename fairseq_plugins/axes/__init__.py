@@ -1,0 +1,128 @@
+"""The axes of the composed model ``residual_axes``: every residual idea is one choice on one axis.
+
+    --residual           how a sublayer's output joins the stream        axes/residual.py
+    --depth-aggregation  how a layer reads the earlier layers            axes/aggregation.py
+    --tying              which weights adjacent layers share             axes/tying.py
+    --norm               the normalisation function                       axes/norm.py
+
+Each axis is a table ``name -> Choice subclass`` (``AXES``); a choice is a small class whose methods the
+composed model (models/axes_transformer.py) calls at fixed points of the build:
+
+    choice.add_args(parser)      its own options (help names the source, the range is validated)
+    choice.defaults(args)        fill its options' defaults (presets and the command line win)
+    choice.check(args)           validate its options on the built model's args, naming the option
+    ...axis-specific hooks, documented in each axis module...
+
+Adding an idea = one module with its nn.Modules (in ``fairseq_plugins/modules/``) + one Choice subclass in
+the axis file + one entry in that axis's table. Two choices that cannot run together are refused by
+``check_compatible`` when the model is built, with one error that names both choices and the reason: each
+choice declares which parts of the model it *owns* (``owns``); two choices owning the same part conflict,
+unless a rule below says how they compose. The parts:
+
+    "stream"   the carry between layers (layer_stack.py's begin_layers/run_layer/end_layers): ResiDual's
+               dual stream, the depth stack of DCA/DenseFormer/DLCL, LAuReL's history, the n streams of
+               hyper-connections.
+    "layer"    the layer's forward: a residual choice that builds its own layer class (DeepNet, Admin, ...)
+               or an aggregation choice whose layers read their inputs differently (DCA, hyper-connections).
+"""
+
+from dataclasses import dataclass
+
+from ..validation import PluginOptionError
+
+
+class Choice:
+    """One choice on one axis. Subclasses set the class attributes and override what they need."""
+
+    axis: str = ""  # the option, e.g. "residual"
+    name: str = ""  # its value on the command line
+    source: str = ""  # the paper (and code) it follows
+    owns: frozenset = frozenset()  # the parts of the model it owns (module docstring)
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        """Add this choice's own options (none by default)."""
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        """Fill this choice's options where neither a preset nor the command line set them."""
+
+    @classmethod
+    def check(cls, args) -> None:
+        """Validate this choice's options (after defaults), raising PluginOptionError naming the option."""
+
+    @classmethod
+    def label(cls) -> str:
+        return f"--{cls.axis.replace('_', '-')} {cls.name}"
+
+
+def set_defaults(args, values: dict) -> None:
+    for key, value in values.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved choice of every axis for one model."""
+
+    residual: type
+    aggregation: type
+    tying: type
+    norm: type
+
+    def choices(self) -> tuple[type, ...]:
+        return (self.residual, self.aggregation, self.tying, self.norm)
+
+
+class IncompatibleChoices(PluginOptionError):
+    """Two axis choices cannot be combined (the message names both and why)."""
+
+
+def refuse(a: type, b: type, reason: str) -> None:
+    raise IncompatibleChoices(f"{a.label()} cannot be combined with {b.label()}: {reason}")
+
+
+def tables() -> dict[str, dict[str, type]]:
+    from .aggregation import AGGREGATIONS
+    from .norm import NORMS
+    from .residual import RESIDUALS
+    from .tying import TYINGS
+
+    return {"residual": RESIDUALS, "depth_aggregation": AGGREGATIONS, "tying": TYINGS, "norm": NORMS}
+
+
+def resolve(args) -> Plan:
+    """The Plan of ``args`` (every axis set, names checked), or PluginOptionError naming the option."""
+    from ..validation import check_choice
+
+    picked = {}
+    for axis, table in tables().items():
+        value = getattr(args, axis)
+        if axis == "tying" and value not in table:
+            from .tying import combined_tying
+
+            picked[axis] = combined_tying(value)  # a comma list of blocks, as Crossformer's --guidance took
+            continue
+        picked[axis] = table[check_choice(axis, value, tuple(table))]
+    return Plan(picked["residual"], picked["depth_aggregation"], picked["tying"], picked["norm"])
+
+
+def check_compatible(plan: Plan) -> None:
+    """Refuse a combination that cannot run, with one error naming both choices and the reason."""
+    choices = plan.choices()
+    for i, a in enumerate(choices):
+        for b in choices[i + 1 :]:
+            for part, what in PART_NAMES.items():  # a fixed order: the message must not depend on set order
+                if part in a.owns and part in b.owns:
+                    refuse(a, b, f"both own the model's {what}")
+            for first, second in ((a, b), (b, a)):
+                reason = first.conflict(second) if hasattr(first, "conflict") else None
+                if reason:
+                    refuse(first, second, reason)
+
+
+PART_NAMES = {
+    "stream": "carry between layers (layer_stack.py's begin_layers/run_layer/end_layers)",
+    "layer": "layer forward (each builds its own layer class)",
+}

@@ -1,0 +1,321 @@
+"""Axis ``--depth-aggregation``: how a layer reads the earlier layers.
+
+A choice builds the encoder and the decoder (``build_stack(side, cfg, dictionary, embed_tokens, args,
+make_layer, no_encoder_attn)``): every choice but ``none`` is a ``LayerStackEncoder``/``LayerStackDecoder``
+(models/layer_stack.py) whose ``begin_layers``/``run_layer``/``end_layers`` thread its carry between layers.
+Choices that treat a layer as a black box x -> y (``none``, DenseFormer, DLCL, LAuReL) build every layer with
+``make_layer``, the residual axis's factory, so they compose with every residual choice that does not own the
+carry itself; choices whose layers read their inputs differently (DCA: GRN mixtures as queries, keys and
+values; hyper-connections: n streams per token) build their own Pre-LN layers and compose only with
+``--residual pre``. The math is in ``fairseq_plugins/modules/`` (depth_stack.py and grn.py for DCA,
+depth_aggregation.py, laurel.py, hyper_connections.py).
+
+A stream-carry interface for the next ideas (mHC, frac-connections, AttnRes, MUDDFormer): a Choice here whose
+``build_stack`` returns a LayerStack encoder/decoder subclass; its carry may be one tensor, a stack or
+``(seq_len, batch, n, embed_dim)`` streams as hyper-connections' (see HCEncoder in models/hc_transformer.py).
+"""
+
+from ..models.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
+from ..validation import PluginOptionError, argparse_type, check_choice, check_int
+from . import Choice, set_defaults
+
+
+def check_position_indexed(args, who: str) -> None:
+    """Reject what a stack whose weights are indexed by layer position cannot run, naming the option."""
+    for side in ("encoder", "decoder"):
+        if getattr(args, f"{side}_layerdrop", 0) > 0 or getattr(args, f"{side}_layers_to_keep", None):
+            raise PluginOptionError(
+                f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with {who}: its weights are "
+                "sized and indexed by each layer's position in the stack"
+            )
+    if getattr(args, "cross_self_attention", False):
+        raise PluginOptionError(f"--cross-self-attention cannot be used with {who}")
+
+
+class Aggregation(Choice):
+    axis = "depth_aggregation"
+    family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
+    own_layers = False  # True: builds its own Pre-LN layers (needs --residual pre)
+
+    @classmethod
+    def who(cls) -> str:
+        return f"{cls.family} ({cls.label()})" if cls.family else cls.label()
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if cls.own_layers and other.axis == "residual" and not other.pre_ln:
+            return f"{cls.source}'s layers are Pre-LN, and {other.name}'s are Post-LN"
+        return None
+
+    @classmethod
+    def check(cls, args) -> None:
+        check_position_indexed(args, cls.who())
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        raise NotImplementedError
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        raise NotImplementedError
+
+
+class NoAggregation(Aggregation):
+    name, source = "none", "the residual stream alone (fairseq's layer loop)"
+
+    @classmethod
+    def check(cls, args) -> None:
+        pass  # fairseq's own loop: layer drop and pruning work as in fairseq
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        return build_with_layers(FactoryEncoder, make_layer, cfg, dictionary, embed_tokens)
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        return build_with_layers(FactoryDecoder, make_layer, cfg, dictionary, embed_tokens, no_encoder_attn)
+
+
+MAX_DCA_K = 10_000  # parse-time bound only; check bounds k by the model's depth
+
+
+class DCA(Aggregation):
+    name, source, family = "dca", "DeepCrossAttention (arXiv:2502.06785)", "dca_transformer"
+    owns, own_layers = frozenset({"stream", "layer"}), True
+    default_k = 0
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        from ..modules.depth_stack import DCA_MODES
+
+        parser.add_argument(
+            "--dca-mode", type=argparse_type(check_choice, "dca_mode", tuple(DCA_MODES)), metavar="MODE",
+            help="how a layer reads the stack of earlier outputs: dca (default; three GRN-v3 give the "
+            "self-attention's queries, keys and values, paper section 3.2) or grn-v1 | grn-v2 | grn-v3 (one "
+            "GRN of that version gives the layer's input; the ablation of paper table 7)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--dca-k", type=argparse_type(check_int, "dca_k", 0, MAX_DCA_K), metavar="K",
+            help="k-DCA: the stack holds the embedding, the sum of the middle outputs and the last K outputs, "
+            "so cost stays flat with depth (paper section 3.1). 0 keeps every output (default of --depth-"
+            "aggregation dca; dca-k defaults to 2, the paper's example); 0 <= K <= the number of layers of the "
+            "deeper side",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"dca_mode": "dca", "dca_k": cls.default_k})
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if other.axis == "norm" and other.name != "layernorm":
+            return "DCA's GRNs are fused with the LayerNorm that follows them (modules/grn.py and its kernels)"
+        return super().conflict(other)
+
+    @classmethod
+    def check(cls, args) -> None:
+        from ..models.dca_transformer import check_dca_args
+
+        check_dca_args(args)
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        from ..models.dca_transformer import DCAEncoder
+
+        return DCAEncoder(cfg, dictionary, embed_tokens, args.dca_mode, args.dca_k)
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        from ..models.dca_transformer import DCADecoder
+
+        return DCADecoder(cfg, dictionary, embed_tokens, args.dca_mode, args.dca_k, no_encoder_attn=no_encoder_attn)
+
+
+class DCAK(DCA):
+    name, default_k = "dca-k", 2
+
+
+MAX_PERIOD = 10_000  # k or p beyond a stack's depth is allowed and degenerate (the baseline)
+
+
+class DenseFormer(Aggregation):
+    name, source, family = "denseformer", "DenseFormer (arXiv:2402.02622)", "denseformer_transformer"
+    owns = frozenset({"stream"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--denseformer-dilation", type=argparse_type(check_int, "denseformer_dilation", 1, MAX_PERIOD),
+            metavar="K", help="dilation k: DWA i averages X_j for j = i mod k (paper section 3.3); "
+            "1 (default) averages every earlier output; 1 <= K <= 10000",
+        )  # fmt: skip
+        parser.add_argument(
+            "--denseformer-period", type=argparse_type(check_int, "denseformer_period", 1, MAX_PERIOD),
+            metavar="P", help="period p: a DWA follows only the blocks i with i mod p = 0 (section 3.3); "
+            "1 (default) after every block; 1 <= P <= 10000",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"denseformer_dilation": 1, "denseformer_period": 1})
+
+    @classmethod
+    def check(cls, args) -> None:
+        super().check(args)
+        for name in ("denseformer_dilation", "denseformer_period"):
+            setattr(args, name, check_int(name, getattr(args, name), 1, MAX_PERIOD))
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        from ..models.depth_aggregation_transformer import DenseFormerEncoder
+
+        return build_with_layers(DenseFormerEncoder, make_layer, cfg, dictionary, embed_tokens,
+                                 args.denseformer_dilation, args.denseformer_period)  # fmt: skip
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        from ..models.depth_aggregation_transformer import DenseFormerDecoder
+
+        return build_with_layers(DenseFormerDecoder, make_layer, cfg, dictionary, embed_tokens,
+                                 args.denseformer_dilation, args.denseformer_period, no_encoder_attn)  # fmt: skip
+
+
+class DLCL(Aggregation):
+    name, source, family = "dlcl", "DLCL (Wang et al., ACL 2019)", "dlcl_transformer"
+    owns = frozenset({"stream"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        from ..modules.depth_aggregation import DLCL_INITS
+
+        parser.add_argument(
+            "--dlcl-init", type=argparse_type(check_choice, "dlcl_init", DLCL_INITS), metavar="INIT",
+            help="initial weights W of the lower triangle: avg (default, the authors' choice: row l = "
+            "1/(l+1), each layer starts from the average of the earlier outputs) or one (all 1)",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"dlcl_init": "avg"})
+
+    @classmethod
+    def check(cls, args) -> None:
+        from ..modules.depth_aggregation import DLCL_INITS
+
+        super().check(args)
+        args.dlcl_init = check_choice("dlcl_init", args.dlcl_init, DLCL_INITS)
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        from ..models.depth_aggregation_transformer import DLCLEncoder
+
+        return build_with_layers(DLCLEncoder, make_layer, cfg, dictionary, embed_tokens, args.dlcl_init)
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        from ..models.depth_aggregation_transformer import DLCLDecoder
+
+        return build_with_layers(DLCLDecoder, make_layer, cfg, dictionary, embed_tokens, args.dlcl_init, no_encoder_attn)
+
+
+class Laurel(Aggregation):
+    name, source, family = "laurel", "LAuReL (arXiv:2411.07501)", "laurel_transformer"
+    owns = frozenset({"stream"})
+    variant = ""
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        from ..models.laurel_transformer import add_laurel_args
+
+        add_laurel_args(parser)
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        from ..models.laurel_transformer import LAUREL_DEFAULTS
+
+        set_defaults(args, {**LAUREL_DEFAULTS, "laurel_variant": cls.variant})
+
+    @classmethod
+    def check(cls, args) -> None:
+        from ..models.laurel_transformer import check_laurel_options
+
+        super().check(args)
+        check_laurel_options(args)
+        if args.laurel_variant != cls.variant:
+            raise PluginOptionError(f"--laurel-variant {args.laurel_variant} contradicts {cls.label()}")
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        from ..models.laurel_transformer import LaurelEncoder, laurel_options
+
+        return build_with_layers(LaurelEncoder, make_layer, cfg, dictionary, embed_tokens, laurel_options(args))
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        from ..models.laurel_transformer import LaurelDecoder, laurel_options
+
+        return build_with_layers(LaurelDecoder, make_layer, cfg, dictionary, embed_tokens, laurel_options(args),
+                                 no_encoder_attn)  # fmt: skip
+
+
+class LaurelRW(Laurel):
+    name, variant = "laurel-rw", "rw"
+
+
+class LaurelLR(Laurel):
+    name, variant = "laurel-lr", "lr"
+
+
+class LaurelPA(Laurel):
+    name, variant = "laurel-pa", "pa"
+
+
+class HyperConnections(Aggregation):
+    name, source, family = "hc", "Hyper-Connections (arXiv:2409.19606)", "hc_transformer"
+    owns, own_layers = frozenset({"stream", "layer"}), True
+    mode = ""
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        from ..models.hc_transformer import add_hc_args
+
+        add_hc_args(parser)
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"hc_mode": cls.mode, "hc_rate": 4})
+
+    @classmethod
+    def check(cls, args) -> None:
+        from ..models.hc_transformer import check_hc_options
+
+        super().check(args)
+        check_hc_options(args)
+        if args.hc_mode != cls.mode:
+            raise PluginOptionError(f"--hc-mode {args.hc_mode} contradicts {cls.label()}")
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        from ..models.hc_transformer import HCEncoder
+
+        return HCEncoder(cfg, dictionary, embed_tokens, args.hc_rate, args.hc_mode == "dynamic")
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        from ..models.hc_transformer import HCDecoder
+
+        return HCDecoder(cfg, dictionary, embed_tokens, args.hc_rate, args.hc_mode == "dynamic",
+                         no_encoder_attn=no_encoder_attn)  # fmt: skip
+
+
+class HCStatic(HyperConnections):
+    name, mode = "hc-static", "static"
+
+
+class HCDynamic(HyperConnections):
+    name, mode = "hc-dynamic", "dynamic"
+
+
+AGGREGATIONS: dict[str, type[Aggregation]] = {
+    c.name: c for c in (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic)
+}

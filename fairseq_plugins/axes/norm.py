@@ -1,0 +1,51 @@
+"""Axis ``--norm``: the normalisation function of every normalisation layer of the model.
+
+fairseq builds its LayerNorms inside the layers' ``__init__`` with no hook (``LayerNorm(embed_dim,
+export=...)``), and so do the plugin's modules; a choice other than ``layernorm`` therefore replaces, once the
+model is built, every ``nn.LayerNorm`` of the encoder and the decoder by ``make(normalized_shape, eps)``
+(``replace_norms_``), keeping the module's place, so the parameter names stay (``...layer_norm.weight``; a
+norm without a bias has no ``.bias``). A new normalisation (DyT, Derf) is one nn.Module with that
+constructor plus one Choice here.
+
+    layernorm   LN(x) = (x - mean) / sqrt(var + eps) * g + b        (Ba et al. 2016; fairseq's default)
+    rmsnorm     RMS(x) = x / sqrt(mean(x^2) + eps) * g              (Zhang & Sennrich 2019, arXiv:1910.07467)
+"""
+
+from torch import nn
+
+from . import Choice
+
+
+class Norm(Choice):
+    axis = "norm"
+
+    @classmethod
+    def make(cls, normalized_shape, eps: float) -> nn.Module:
+        raise NotImplementedError
+
+
+class LayerNorm(Norm):
+    name, source = "layernorm", "LayerNorm (Ba et al. 2016), fairseq's own"
+
+
+class RMSNorm(Norm):
+    name, source = "rmsnorm", "RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467)"
+
+    @classmethod
+    def make(cls, normalized_shape, eps: float) -> nn.Module:
+        return nn.RMSNorm(normalized_shape, eps=eps)
+
+
+def replace_norms_(module: nn.Module, norm: type[Norm]) -> int:
+    """Replace every nn.LayerNorm under ``module`` by ``norm.make``; returns how many were replaced."""
+    if norm is LayerNorm:
+        return 0
+    found = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.LayerNorm)]
+    for name, m in found:
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, child, norm.make(m.normalized_shape, m.eps).to(m.weight.device if m.weight is not None else None))
+    return len(found)
+
+
+NORMS: dict[str, type[Norm]] = {c.name: c for c in (LayerNorm, RMSNorm)}

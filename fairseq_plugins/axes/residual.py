@@ -1,0 +1,389 @@
+"""Axis ``--residual``: how a sublayer's output joins the residual stream.
+
+A choice builds the layers (``encoder_layer(cfg, args)``, ``decoder_layer(cfg, args, no_encoder_attn)``),
+states the LayerNorm position its layers need (``pre_ln``; the composed model sets fairseq's
+``--{encoder,decoder}-normalize-before`` from it), may re-initialise the built model (``initialize``, before
+tying), may keep model-level state (``prepare``, ``before_forward``), and may own the carry between layers
+(``build_stack``: ResiDual's dual stream). The math of each idea lives in ``fairseq_plugins/modules/``:
+
+    post, pre     fairseq's own layers (Post-LN / Pre-LN)
+    resi-dual     modules/dual_residual.py (ResiDual, arXiv:2304.14802): Post-LN layers + a dual stream
+    deepnet       modules/residual_wiring.py (DeepNet, arXiv:2203.00555): x <- LN(alpha x + F(x)), beta init
+    admin         modules/admin.py (Admin, arXiv:2004.08249): x <- LN(omega x + F(x)), omega profiled
+    tfixup        modules/residual_wiring.py (T-Fixup, ICML 2020): no LayerNorm, depth-scaled init
+    b2t           modules/residual_wiring.py (B2T, Findings of ACL 2023): the layer input joins the last sum
+    normformer    modules/normformer.py (NormFormer, arXiv:2110.09456): Pre-LN plus three extra operations
+
+A residual-site hook for the next ideas (LayerScale, ReZero, an orthogonal update): a layer class that
+overrides fairseq's one-line ``residual_connection(x, residual)`` (or ``SiteResidual.combine(site, x,
+residual)`` when the sublayer matters), plus a Choice here whose ``encoder_layer``/``decoder_layer`` build it.
+"""
+
+import copy
+
+import torch
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from ..modules import admin, normformer
+from ..modules import residual_wiring as rw
+from ..validation import (
+    PluginOptionError,
+    argparse_type,
+    check_bool,
+    check_choice,
+    check_float,
+)
+from . import Choice, set_defaults
+
+
+def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
+    """Reject an ``--{side}-normalize-before`` that contradicts the family, naming it."""
+    for side in ("encoder", "decoder"):
+        if bool(getattr(args, f"{side}_normalize_before", False)) != pre_ln:
+            flag = f"--{side}-normalize-before"
+            raise PluginOptionError(
+                f"{flag} {'must be set' if pre_ln else 'cannot be used'} with {family}: its layers are "
+                f"{'Pre-LN' if pre_ln else 'Post-LN'}"
+            )
+
+
+class Residual(Choice):
+    axis = "residual"
+    pre_ln = True
+    family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
+    torchscript = True  # False: its layers record the residual sites (SiteResidual), which TorchScript cannot compile
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"encoder_normalize_before": cls.pre_ln, "decoder_normalize_before": cls.pre_ln})
+
+    @classmethod
+    def check(cls, args) -> None:
+        require_layer_norm_position(args, cls.who(), cls.pre_ln)
+
+    @classmethod
+    def who(cls) -> str:
+        return f"{cls.family} ({cls.label()})" if cls.family else cls.label()
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return TransformerEncoderLayerBase(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn: bool):
+        return TransformerDecoderLayerBase(cfg, no_encoder_attn)
+
+    @classmethod
+    def initialize(cls, model, args) -> None:
+        """Re-initialise the freshly built model in place (before tying; a loaded checkpoint replaces it)."""
+
+    @classmethod
+    def scriptable(cls, args) -> bool:
+        return cls.torchscript
+
+    @classmethod
+    def build_stack(cls, side: str, cfg, dictionary, embed_tokens, args, no_encoder_attn: bool = False):
+        """The encoder or decoder, for a choice that owns the carry between layers; None otherwise."""
+        return
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        """Add model-level state (a buffer, a forward pre-hook) to the new model, in its ``__init__``."""
+
+
+class Pre(Residual):
+    name, source = "pre", "Pre-LN, x <- x + F(LN(x)) (Xiong et al. 2020; fairseq --*-normalize-before)"
+
+
+class Post(Residual):
+    name, source, pre_ln = "post", "Post-LN, x <- LN(x + F(x)) (Vaswani et al. 2017; fairseq's default)", False
+
+
+class ResiDual(Residual):
+    name, source, pre_ln, family = "resi-dual", "ResiDual (arXiv:2304.14802)", False, "residual_transformer"
+    owns = frozenset({"stream", "layer"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--dual-residual-scale", type=argparse_type(check_float, "dual_residual_scale", 0.0, 1.0, True),
+            metavar="S",
+            help="scale s of the dual residual stream, 0 < s <= 1 (default 1). The output is unchanged "
+            "(LN(s*x) = LN(x)); s < 1 keeps the stream inside the FP16 range in deep models "
+            "(ResiDual appendix H.3; the authors used 0.05 for fp16 OPUS-100)",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"dual_residual_scale": 1.0})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.dual_residual_scale = check_float("dual_residual_scale", args.dual_residual_scale, 0.0, 1.0, True)
+        for side in ("encoder", "decoder"):
+            if getattr(args, f"{side}_normalize_before", False):
+                raise PluginOptionError(
+                    f"--{side}-normalize-before cannot be used with {cls.who()}: ResiDual's layers are Post-LN "
+                    "and its dual stream plays the Pre-LN part (use a transformer_preln_* arch for a Pre-LN model)"
+                )
+
+    @classmethod
+    def build_stack(cls, side, cfg, dictionary, embed_tokens, args, no_encoder_attn=False):
+        from ..models.residual_transformer import ResiDualDecoder, ResiDualEncoder
+
+        if side == "encoder":
+            return ResiDualEncoder(cfg, dictionary, embed_tokens, args.dual_residual_scale)
+        return ResiDualDecoder(cfg, dictionary, embed_tokens, args.dual_residual_scale, no_encoder_attn)
+
+
+DEEPNET_INITS = ("paper", "torchscale")
+
+
+class DeepNet(Residual):
+    name, source, pre_ln, family = "deepnet", "DeepNet (arXiv:2203.00555)", False, "deepnet_transformer"
+    owns = frozenset({"layer"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--deepnet-init", type=argparse_type(check_choice, "deepnet_init", DEEPNET_INITS), metavar="INIT",
+            help="paper (default, the paper's figure 2 pseudocode): xavier_normal with gain beta for fc1/fc2/v/out "
+            "and 1 for q/k; torchscale (the authors' torchscale code): PyTorch-default Linear weights and biases, "
+            "fc1/fc2/v/out weights and biases divided by torchscale's init_scale (encoder beta 1.32x the paper's); "
+            "one of paper, torchscale",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"deepnet_init": "paper"})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.deepnet_init = check_choice("deepnet_init", args.deepnet_init, DEEPNET_INITS)
+        super().check(args)
+        for side in ("encoder", "decoder"):
+            # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
+            # layers with the pruned depth's alpha, a model that was never trained
+            if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
+                raise PluginOptionError(
+                    f"--{side}-layers-to-keep cannot be used with {cls.who()}: DeepNorm's alpha (the skip's "
+                    "weight in every layer's forward) is derived from the encoder and decoder depths, so the "
+                    "kept layers would run with another alpha than they were trained with"
+                )
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return rw.DeepNetEncoderLayer(cfg, rw.deepnet_constants(args.encoder_layers, args.decoder_layers)["encoder_alpha"])
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        alpha = rw.deepnet_constants(args.encoder_layers, args.decoder_layers)["decoder_alpha"]
+        return rw.DeepNetDecoderLayer(cfg, no_encoder_attn, alpha)
+
+    @classmethod
+    def initialize(cls, model, args):
+        n, m = args.encoder_layers, args.decoder_layers
+        if args.deepnet_init == "paper":
+            constants = rw.deepnet_constants(n, m)
+            for side in ("encoder", "decoder"):
+                for layer in getattr(model, side).layers:
+                    rw.deepnet_init_(layer, constants[f"{side}_beta"])
+        else:
+            scales = rw.torchscale_init_scales(n, m)
+            for side in ("encoder", "decoder"):
+                for layer in getattr(model, side).layers:
+                    rw.torchscale_init_(layer, scales[side])
+
+
+TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
+
+
+class TFixup(Residual):
+    name, source, pre_ln, family = "tfixup", "T-Fixup (Huang et al., ICML 2020)", False, "tfixup_transformer"
+    owns = frozenset({"layer"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--tfixup-decoder-depth", type=argparse_type(check_choice, "tfixup_decoder_depth", TFIXUP_DECODER_DEPTHS),
+            metavar="STACK",
+            help="the N of the decoder's (9N)^(-1/4): decoder (default: its own depth M, as the paper's "
+            "derivation over the decoder's layers and the authors' code) or encoder (the encoder depth N, this "
+            "plugin's default until issue 26); one of encoder, decoder",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"tfixup_decoder_depth": "decoder"})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.tfixup_decoder_depth = check_choice("tfixup_decoder_depth", args.tfixup_decoder_depth, TFIXUP_DECODER_DEPTHS)
+        super().check(args)
+        if getattr(args, "layernorm_embedding", False):
+            raise PluginOptionError(f"--layernorm-embedding cannot be used with {cls.who()}: T-Fixup has no LayerNorm")
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if other.axis == "norm" and other.name != "layernorm":
+            return "T-Fixup removes every normalisation, so there is no normalisation function to choose"
+        return None
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return rw.TFixupEncoderLayer(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        return rw.TFixupDecoderLayer(cfg, no_encoder_attn)
+
+    @classmethod
+    def initialize(cls, model, args):
+        scales = rw.tfixup_scales(args.encoder_layers, args.decoder_layers, args.tfixup_decoder_depth)
+        for side in ("encoder", "decoder"):
+            for layer in getattr(model, side).layers:
+                rw.tfixup_init_(layer, scales[side])
+        encoder_embedding = model.encoder.embed_tokens.weight
+        rw.scale_weights_([model.encoder.embed_tokens], scales["encoder_embedding"])
+        if model.decoder.embed_tokens.weight is not encoder_embedding:  # a shared table is scaled once, with N
+            rw.scale_weights_([model.decoder.embed_tokens], scales["decoder_embedding"])
+
+
+B2T_INITS = ("rescaled", "default")
+
+
+class B2T(Residual):
+    name, source, pre_ln, family = "b2t", "B2T connection (Takase et al., Findings of ACL 2023)", False, "b2t_transformer"
+    owns, torchscript = frozenset({"layer"}), False
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--b2t-init", type=argparse_type(check_choice, "b2t_init", B2T_INITS), metavar="INIT",
+            help="rescaled (default, the authors' code): every non-LayerNorm weight of a layer times L^(-1/2), "
+            "L its stack's depth; default: fairseq's init",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"b2t_init": "rescaled"})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.b2t_init = check_choice("b2t_init", args.b2t_init, B2T_INITS)
+        super().check(args)
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return rw.B2TEncoderLayer(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        return rw.B2TDecoderLayer(cfg, no_encoder_attn)
+
+    @classmethod
+    def initialize(cls, model, args):
+        if args.b2t_init == "rescaled":
+            for side in ("encoder", "decoder"):
+                for layer in getattr(model, side).layers:
+                    rw.b2t_rescale_(layer, getattr(args, f"{side}_layers"))
+
+
+NORMFORMER_DEFAULTS = {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": False}
+NORMFORMER_HELP = {
+    "scale_attn": "LN_a after self-attention (NormFormer; default true)",
+    "scale_fc": "LN_f after the FFN activation, width ffn_dim (default true)",
+    "scale_heads": "learned per-head scale g of self-attention (default true)",
+    "scale_resids": "learned lambda on the FFN residual (default false; the authors advise it for small models only)",
+}
+
+
+class NormFormer(Residual):
+    name, source, family = "normformer", "NormFormer (arXiv:2110.09456)", "normformer_transformer"
+    owns = frozenset({"layer"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--normformer-impl", type=argparse_type(check_choice, "normformer_impl", normformer.IMPLEMENTATIONS),
+            metavar="IMPL",
+            help="paper (default): NormFormer in encoder and decoder, head scale before W_O; fairseq: fairseq's "
+            "own decoder-only code (head scale after W_O), plain Pre-LN encoder",
+        )  # fmt: skip
+        for flag in normformer.FLAGS:
+            parser.add_argument(
+                "--" + flag.replace("_", "-"), type=argparse_type(check_bool, flag), nargs="?", const=True,
+                metavar="BOOL", help=NORMFORMER_HELP[flag] + "; the flag alone means true",
+            )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"normformer_impl": "paper", **NORMFORMER_DEFAULTS})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.normformer_impl = check_choice("normformer_impl", args.normformer_impl, normformer.IMPLEMENTATIONS)
+        for flag in normformer.FLAGS:
+            setattr(args, flag, check_bool(flag, getattr(args, flag)))
+        super().check(args)
+
+    @classmethod
+    def scriptable(cls, args) -> bool:
+        return args.normformer_impl == "fairseq"  # the paper's encoder layer is a SiteResidual
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        if args.normformer_impl == "fairseq":
+            return TransformerEncoderLayerBase(cfg)
+        return normformer.NormFormerEncoderLayer(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        if args.normformer_impl == "fairseq":
+            return normformer.NormFormerDecoderLayer(cfg, no_encoder_attn)
+        cfg = copy.copy(cfg)
+        cfg.scale_heads = False  # fairseq's post-W_O head scale off; the paper's is installed instead
+        return normformer.NormFormerDecoderLayer(cfg, no_encoder_attn, heads_before_out_proj=args.scale_heads)
+
+
+class Admin(Residual):
+    name, source, pre_ln, family = "admin", "Admin (arXiv:2004.08249)", False, "admin_transformer"
+    owns, torchscript = frozenset({"layer"}), False
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return admin.AdminEncoderLayer(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        return admin.AdminDecoderLayer(cfg, no_encoder_attn)
+
+    @classmethod
+    def initialize(cls, model, args):
+        for side in ("encoder", "decoder"):
+            for layer in getattr(model, side).layers:
+                rw.xavier_fc_(layer)
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        # profiles itself on its first training batch; a hook, so the model's forward stays fairseq's
+        model.register_buffer("admin_profiled", torch.zeros((), dtype=torch.bool))
+        model.register_forward_pre_hook(_profile_on_first_training_batch, with_kwargs=True)
+
+
+def _profile_on_first_training_batch(model, args, kwargs):
+    if model.training and not bool(model.admin_profiled):
+        model.profile_admin(*args, **kwargs)
+
+
+RESIDUALS: dict[str, type[Residual]] = {
+    c.name: c for c in (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer)
+}

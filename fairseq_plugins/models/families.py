@@ -1,0 +1,125 @@
+"""The named families: rows of the preset table (presets.py) that set axis choices of ``residual_axes``.
+
+Every family of the plugin before issue 26 was its own model (``residual_transformer``, ``dca_transformer``,
+...). Each of those model names stays registered, as an alias of ``residual_axes`` that only changes the axis
+defaults (``FAMILIES``), so ``--arch dca_transformer``, scripts that name a family's model and checkpoints
+saved by the code before issue 26 keep working: fairseq rebuilds a checkpoint through its ``--arch`` name
+(``cfg.model._name``), whose architecture function here fills the axis choices the checkpoint's args lack.
+
+A family may read the option its presets used to set (``DERIVED``): ``laurel_transformer`` checkpoints carry
+``laurel_variant``, ``hc_transformer`` ones ``hc_mode``, and the axis choice follows it.
+"""
+
+from fairseq.models import register_model, register_model_architecture
+
+from ..axes import set_defaults
+from .axes_transformer import MODEL, AxesTransformerModel, axes_architecture
+from .presets import WIDTHS, register_family, register_preset
+
+# legacy model name -> its axis settings
+FAMILIES: dict[str, dict[str, str]] = {
+    "residual_transformer": {"residual": "resi-dual"},
+    "deepnet_transformer": {"residual": "deepnet"},
+    "tfixup_transformer": {"residual": "tfixup"},
+    "b2t_transformer": {"residual": "b2t"},
+    "normformer_transformer": {"residual": "normformer"},
+    "admin_transformer": {"residual": "admin"},
+    "dca_transformer": {"depth_aggregation": "dca"},
+    "denseformer_transformer": {"depth_aggregation": "denseformer"},
+    "dlcl_transformer": {"depth_aggregation": "dlcl"},
+    "laurel_transformer": {"depth_aggregation": "laurel-lr"},
+    "hc_transformer": {"depth_aggregation": "hc-dynamic"},
+    "crossformer_sg": {"guidance": "key-query", "guidance_norm": "l2"},
+    "crossformer_hg": {"guidance": "key-query"},
+}
+# legacy model name -> (the option its presets set, how the axis choice follows from it)
+DERIVED = {
+    "laurel_transformer": ("laurel_variant", lambda v: {"depth_aggregation": f"laurel-{v}"}),
+    "hc_transformer": ("hc_mode", lambda v: {"depth_aggregation": f"hc-{v}"}),
+    "crossformer_hg": ("guidance", lambda v: {"tying": v}),  # its --guidance named the tied blocks
+}
+
+
+def family_architecture(model: str):
+    def derive(args):
+        if model in DERIVED:
+            option, follow = DERIVED[model]
+            if getattr(args, option, None) is not None:
+                set_defaults(args, follow(getattr(args, option)))
+
+    def architecture(args):
+        derive(args)  # a checkpoint's or the command line's legacy option first
+        set_defaults(args, FAMILIES[model])
+        derive(args)  # then the family's own default (crossformer_hg: --guidance key-query)
+        axes_architecture(args)
+
+    architecture.__name__ = f"{model}_architecture"
+    return architecture
+
+
+# legacy model name -> its class name before issue 26 (errors and logs name it)
+CLASS_NAMES = {
+    "residual_transformer": "ResiDualTransformerModel", "deepnet_transformer": "DeepNetTransformerModel",
+    "tfixup_transformer": "TFixupTransformerModel", "b2t_transformer": "B2TTransformerModel",
+    "normformer_transformer": "NormFormerTransformerModel", "admin_transformer": "AdminTransformerModel",
+    "dca_transformer": "DCATransformerModel", "denseformer_transformer": "DenseFormerTransformerModel",
+    "dlcl_transformer": "DLCLTransformerModel", "laurel_transformer": "LaurelTransformerModel",
+    "hc_transformer": "HCTransformerModel", "crossformer_sg": "CrossformerSGModel",
+    "crossformer_hg": "CrossformerHGModel",
+}  # fmt: skip
+
+
+def _register_alias(model: str) -> type:
+    architecture = family_architecture(model)
+    cls = type(
+        CLASS_NAMES[model], (AxesTransformerModel,),
+        {"__doc__": f"``{model}``: ``{MODEL}`` with {FAMILIES[model]} (families.py).",
+         "architecture": classmethod(lambda cls, args: architecture(args))},
+    )  # fmt: skip
+    register_model(model)(cls)
+    register_model_architecture(model, model)(architecture)
+    return cls
+
+
+ALIASES: dict[str, type] = {model: _register_alias(model) for model in FAMILIES}
+register_model_architecture(MODEL, MODEL)(axes_architecture)
+
+# family prefix -> (legacy model, preset settings); every depth and width of presets.py
+ROWS: dict[str, tuple[str, dict]] = {  # in the registration order of the code before issue 26 (table order)
+    "crossformer_sg": ("crossformer_sg", {}),
+    "crossformer_hg": ("crossformer_hg", {}),
+    # Crossformer table 1's other hard-guidance rows, one name each: a study compares them by --arch alone
+    "crossformer_hg_ffn": ("crossformer_hg", {"guidance": "ffn"}),
+    "crossformer_hg_value": ("crossformer_hg", {"guidance": "value"}),
+    "dca": ("dca_transformer", {}),
+    "dca_k2": ("dca_transformer", {"depth_aggregation": "dca-k", "dca_k": 2}),
+    "denseformer": ("denseformer_transformer", {}),
+    "dlcl": ("dlcl_transformer", {}),
+    "hc_static": ("hc_transformer", {"hc_mode": "static"}),
+    "hc_dynamic": ("hc_transformer", {"hc_mode": "dynamic"}),
+    "laurel_rw": ("laurel_transformer", {"laurel_variant": "rw"}),
+    "laurel_lr": ("laurel_transformer", {"laurel_variant": "lr"}),
+    "laurel_pa": ("laurel_transformer", {"laurel_variant": "pa"}),
+    "deepnet": ("deepnet_transformer", {}),
+    "tfixup": ("tfixup_transformer", {}),
+    "b2t": ("b2t_transformer", {}),
+    "normformer": ("normformer_transformer", {}),
+    "admin": ("admin_transformer", {}),
+    "residual": ("residual_transformer", {}),
+}
+for _prefix, (_model, _settings) in ROWS.items():
+    register_family(_prefix, _model, family_architecture(_model), _settings)
+    if _prefix == "crossformer_hg_value":  # Crossformer-All, table 2's one configuration (crossformer.py)
+        register_preset("crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""],
+                        family_architecture("crossformer_hg"), {"guidance": "all"})  # fmt: skip
+
+# combinations worth naming (issue 26 item 4): the project's three ideas in one model, and ResiDual-free
+# wiring with k-DCA's depth aggregation
+COMBINATIONS: dict[str, dict[str, str]] = {
+    "preln_kq_dca": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca"},
+    "preln_kq_dca_k2": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca-k", "dca_k": 2},
+    "deepnet_denseformer": {"residual": "deepnet", "depth_aggregation": "denseformer"},
+    "preln_rmsnorm": {"residual": "pre", "norm": "rmsnorm"},
+}
+for _prefix, _settings in COMBINATIONS.items():
+    register_family(_prefix, MODEL, axes_architecture, _settings)
