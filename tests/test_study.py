@@ -8,6 +8,7 @@ from its checkpoint; its records alone (no checkpoints or data, as committed) ar
 """
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -567,3 +568,18 @@ def test_lm_study_end_to_end_with_perplexity_paired_test_and_resume(tmp_path):
     recipe("study.sh", {**env, "REPORT_ONLY": "1"})
     again = json.loads((tmp_path / "out" / "results.json").read_text())
     assert again["models"] == results["models"] and again["comparisons"] == results["comparisons"]
+
+
+def test_lm_study_names_vocabulary_and_unknown_architecture_conflicts(tmp_path):
+    raw = fx.make_multi30k(tmp_path / "raw")  # 16 distinct words: fewer than 100 pieces on one side
+    argv = ["--task", "language_modeling", "--raw-dir", str(raw), "--no-verify-counts", "--vocab-size", "100",
+            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+    try:  # study.main silences fairseq's logging below errors for its console: restored for the other tests
+        with pytest.raises(study_common.RecipeError) as err:
+            study.main(argv)
+        with pytest.raises(study_common.RecipeError, match=r"unknown architecture\(s\) nothing_lm_d6; .*dca_lm_\*.*e\.g\. dca_lm_d6"):
+            study.main([*argv, "--archs", "nothing_lm_d6"])
+    finally:
+        logging.disable(logging.NOTSET)
+    assert "MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE=100 SentencePiece pieces, but the en side" in str(err.value)
+    assert "set VOCAB_SIZE <= " in str(err.value)

@@ -286,6 +286,11 @@ def _prepare_lm(args, logs: Path) -> Path:
     if status != 0:
         text = log_file.read_text(encoding="utf-8", errors="replace")
         errors = [line.split("error: ", 1)[1] for line in text.splitlines() if "] error: " in line]
+        limit = study_checks._TOO_HIGH.search(text)
+        if limit:
+            raise RecipeError(f"MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE={args.vocab_size} SentencePiece pieces, "
+                              f"but the {args.tgt} side of {args.raw_dir or 'Multi30k'} allows at most {limit.group(2)} "
+                              f"(SentencePiece's own limit for this text); set VOCAB_SIZE <= {limit.group(2)}")  # fmt: skip
         raise RecipeError(f"LM data preparation failed: {errors[-1] if errors else 'see ' + str(log_file)}")
     return dest
 
@@ -304,7 +309,7 @@ def main(argv=None, defaults: Defaults | None = None):
     args = parse_args(argv, defaults)
     tag = args.defaults.tag
     started = _now()
-    check_archs(args.arch_list, "ARCHS (--archs)")
+    check_archs(args.arch_list, "ARCHS (--archs)", lm=args.task == study_lm.TASK)
     out = args.out_dir
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
