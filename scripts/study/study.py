@@ -21,6 +21,10 @@ dataset under an equal budget, translated, scored and compared.
    paired bootstrap's p-value and 95% interval of every difference, and whether each run was still improving
    (study_report, study_stats).
 
+Language models (study_lm.py): a DATA_BIN whose recipe.json says ``"task": "language_modeling"``, or LM=1
+(TASK=language_modeling) with MULTI30K_DIR, runs the same grid on {family}_lm_* architectures with perplexity
+as the score and a paired bootstrap on per-sentence log-likelihoods instead of BLEU (study_lm_report.py).
+
 Resuming: finished runs are skipped, interrupted ones continue from their last checkpoint (study_run). Run it
 again with the same settings after an interruption (Ctrl-C stops all runs).
 
