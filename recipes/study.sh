@@ -17,6 +17,10 @@
 #   LEVEL_MARGIN [1.0] BLEU: "level" only when every seed's 95% CI of the difference is inside +-margin
 #   FALLING_LAST [3], FALLING_SLOPE [0.01]: still falling = valid-loss slope over the last 3 validations
 #                 below -0.01 per 100 updates
+#   LM [0]        1: a language-model study (TASK=language_modeling): MULTI30K_DIR's TGT side prepared by
+#                 scripts/lm/prepare_lm.py, or DATA_BIN of recipes/prepare_lm.sh (its recipe.json says so
+#                 without LM); ARCHS [transformer_preln_lm_d6 dca_lm_d6], perplexity and a paired bootstrap on
+#                 per-sentence log-likelihoods instead of BLEU (scripts/study/study_lm.py)
 #   OUT_DIR       [work_dirs/study]
 #   REPORT_ONLY [0]  1: train nothing, report the runs finished so far (the report lists the missing ones)
 set -euo pipefail
@@ -32,12 +36,20 @@ for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-upd
             LRS:--lrs WARMUPS:--warmups MAX_TOKENS:--max-tokens VALID_EVERY:--valid-every JOBS:--jobs \
             THREADS:--threads BOOTSTRAP:--bootstrap MULTI30K_DIR:--raw-dir DATA_BIN:--data-bin \
             TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir \
-            PATIENCE:--patience LEVEL_MARGIN:--level-margin FALLING_LAST:--falling-last FALLING_SLOPE:--falling-slope; do
+            PATIENCE:--patience LEVEL_MARGIN:--level-margin FALLING_LAST:--falling-last FALLING_SLOPE:--falling-slope \
+            TASK:--task; do
   name="${pair%%:*}"
   if [ -n "${!name:-}" ]; then args+=("${pair#*:}" "${!name}"); fi
 done
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
+lm="$(bool_var LM 0)"
+if [ "$lm" = 1 ]; then
+  if [ -n "${TASK:-}" ] && [ "$TASK" != language_modeling ]; then
+    echo "[study] error: LM=1 with TASK=$TASK: LM=1 means TASK=language_modeling; set one of them" >&2; exit 1
+  fi
+  args+=(--task language_modeling)
+fi
 report_only="$(bool_var REPORT_ONLY 0)"
 if [ "$report_only" = 1 ]; then args+=(--report-only); fi
 exec "$py" "$script" "${args[@]}" "$@"

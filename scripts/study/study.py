@@ -21,6 +21,10 @@ dataset under an equal budget, translated, scored and compared.
    paired bootstrap's p-value and 95% interval of every difference, and whether each run was still improving
    (study_report, study_stats).
 
+Language models (study_lm.py): a DATA_BIN whose recipe.json says ``"task": "language_modeling"``, or LM=1
+(TASK=language_modeling) with MULTI30K_DIR, runs the same grid on {family}_lm_* architectures with perplexity
+as the score and a paired bootstrap on per-sentence log-likelihoods instead of BLEU (study_lm_report.py).
+
 Resuming: finished runs are skipped, interrupted ones continue from their last checkpoint (study_run). Run it
 again with the same settings after an interruption (Ctrl-C stops all runs).
 
@@ -43,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import study_checks
+import study_lm
+import study_lm_report
 import study_report
 from study_common import (
     REPO,
@@ -65,7 +71,7 @@ WIDTH_128 = ("--encoder-embed-dim 128 --decoder-embed-dim 128 "
              "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512")  # fmt: skip
 ENV_VARS = ("ARCHS", "SEEDS", "VARIANTS", "MAX_UPDATE", "TRAIN_MINUTES", "MODEL_ARGS", "TRAIN_LINES", "MULTI30K_DIR",
             "DATA_BIN", "OUT_DIR", "LRS", "WARMUPS", "JOBS", "THREADS", "MAX_TOKENS", "VALID_EVERY", "BOOTSTRAP",
-            "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE")  # fmt: skip
+            "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM")  # fmt: skip
 
 
 @dataclass
@@ -91,7 +97,10 @@ def parse_args(argv=None, defaults: Defaults | None = None):
         own, extra = own[:cut], own[cut + 1 :]
     p = argparse.ArgumentParser(description=d.description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 usage="%(prog)s [options] [-- more fairseq-train options for every run]")  # fmt: skip
-    p.add_argument("--archs", default=d.archs, help=f"ARCHS: architectures, the first is the baseline (default '{d.archs}')")
+    p.add_argument("--archs", default=None, help=f"ARCHS: architectures, the first is the baseline (default '{d.archs}'; "
+                                                  f"for a language-modeling dataset '{study_lm.ARCHS}')")
+    p.add_argument("--task", default=None, help="TASK (LM=1: language_modeling): translation or language_modeling "
+                                                "(default: DATA_BIN's recipe.json says, else translation; see study_lm.py)")
     p.add_argument("--seeds", default=d.seeds, help=f"SEEDS: random seeds (default '{d.seeds}')")
     p.add_argument("--variants", default="warmup", help=f"VARIANTS: set-up variants of {', '.join(VARIANTS)} (default warmup)")
     p.add_argument("--max-update", type=int, default=None,
@@ -101,10 +110,14 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--patience", type=int, default=0,
                    help="PATIENCE: stop a run after this many validations in a row without a lower valid loss "
                         "(fairseq's --patience, kept across resumes; default 0: none, MAX_UPDATE only)")
-    p.add_argument("--model-args", default=d.model_args, help=f"MODEL_ARGS: fairseq-train options for every model (default '{d.model_args}')")
-    p.add_argument("--lrs", default="", help="LRS: peak learning rates to choose from per model (default: 1e-3)")
+    p.add_argument("--model-args", default=None, help=f"MODEL_ARGS: fairseq-train options for every model (default "
+                                                       f"'{d.model_args}'; language models '{study_lm.MODEL_ARGS}')")
+    p.add_argument("--lrs", default="", help="LRS: peak learning rates to choose from per model (default: 1e-3; "
+                                             "language models 1.6e-3)")
     p.add_argument("--warmups", default="", help="WARMUPS: warm-up updates to choose from per model (default: 400)")
-    p.add_argument("--max-tokens", type=int, default=Setup.max_tokens, help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens})")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens}; language models "
+                        f"{study_lm.LMSetup.max_tokens})")
     p.add_argument("--valid-every", type=int, default=0,
                    help="VALID_EVERY: validate and save a checkpoint every N updates (default: MAX_UPDATE / 8, or 100)")
     p.add_argument("--jobs", type=int, default=0,
@@ -112,8 +125,8 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--threads", type=int, default=0, help="THREADS: threads per run (default: cores / JOBS, at least 1)")
     p.add_argument("--bootstrap", type=int, default=1000, help="BOOTSTRAP: paired bootstrap samples (default 1000)")
     p.add_argument("--level-margin", type=float, default=1.0,
-                   help="LEVEL_MARGIN: BLEU margin; two models are called level only when every seed's 95%% interval "
-                        "of the BLEU difference lies inside +-margin (default 1.0, > 0)")
+                   help="LEVEL_MARGIN: BLEU margin (perplexity points for language models); two models are called "
+                        "level only when every seed's 95%% interval of the difference lies inside +-margin (default 1.0, > 0)")
     p.add_argument("--falling-last", type=int, default=3,
                    help="FALLING_LAST: validations the still-falling slope is fitted over (default 3, >= 2)")
     p.add_argument("--falling-slope", type=float, default=0.01,
@@ -124,7 +137,7 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--train-lines", type=int, default=None, help="TRAIN_LINES: only the first N training pairs (default 0: all)")
     p.add_argument("--vocab-size", type=int, default=None, help="VOCAB_SIZE: joint SentencePiece pieces (default 8000)")
     p.add_argument("--src", default="de", help="SRC: source language (default de)")
-    p.add_argument("--tgt", default="en", help="TGT: target language (default en)")
+    p.add_argument("--tgt", default="en", help="TGT: target language (default en; the Multi30k side of an LM study)")
     p.add_argument("--no-verify-counts", dest="verify_counts", action="store_false",
                    help="VERIFY_COUNTS=0: accept a Multi30k copy whose line counts differ from the published ones")
     p.add_argument("--report-only", action="store_true",
@@ -149,6 +162,12 @@ def _numbers(text: str, variable: str, kind, allowed: str) -> list:
 
 def validate(args, d: Defaults) -> None:
     """Every setting checked before anything is prepared or trained; messages name the variable."""
+    args.task = study_lm.resolve_task(args, read_manifest)
+    lm = args.task == study_lm.TASK
+    args.archs = args.archs if args.archs is not None else (study_lm.ARCHS if lm else d.archs)
+    args.model_args = args.model_args if args.model_args is not None else (study_lm.MODEL_ARGS if lm else d.model_args)
+    setup_class = study_lm.LMSetup if lm else Setup
+    args.max_tokens = setup_class.max_tokens if args.max_tokens is None else args.max_tokens
     args.arch_list = args.archs.split()
     if not args.arch_list:
         raise RecipeError("ARCHS (--archs) is empty: give at least one architecture")
@@ -161,10 +180,10 @@ def validate(args, d: Defaults) -> None:
     bad = [v for v in args.variant_list if v not in VARIANTS]
     if bad or not args.variant_list or len(set(args.variant_list)) != len(args.variant_list):
         raise RecipeError(f"VARIANTS (--variants)={args.variants!r}: allowed {', '.join(VARIANTS)}, each once")
-    args.lr_list = _numbers(args.lrs, "LRS (--lrs)", float, "numbers, e.g. '5e-4 1e-3'") or [Setup.lr]
+    args.lr_list = _numbers(args.lrs, "LRS (--lrs)", float, "numbers, e.g. '5e-4 1e-3'") or [setup_class.lr]
     if any(not 0 < lr < 1 for lr in args.lr_list):
         raise RecipeError(f"LRS (--lrs)={args.lrs!r}: every learning rate must be in (0, 1)")
-    args.warmup_list = _numbers(args.warmups, "WARMUPS (--warmups)", int, "integers, e.g. '100 400'") or [Setup.warmup]
+    args.warmup_list = _numbers(args.warmups, "WARMUPS (--warmups)", int, "integers, e.g. '100 400'") or [setup_class.warmup]
     if any(w < 1 for w in args.warmup_list):
         raise RecipeError(f"WARMUPS (--warmups)={args.warmups!r}: warm-up updates must be >= 1 (the no-warm-up "
                           "schedules are VARIANTS=nowarmup, against warmdecay on the same shape)")  # fmt: skip
@@ -180,7 +199,12 @@ def validate(args, d: Defaults) -> None:
         raise RecipeError(f"VARIANTS={decaying[0]} decays the lr linearly to 0 at the last update, so it needs MAX_UPDATE > 0 "
                           "(with TRAIN_MINUTES too)")  # fmt: skip
     if not args.level_margin > 0:
-        raise RecipeError(f"LEVEL_MARGIN (--level-margin)={args.level_margin:g}: must be > 0 (BLEU)")
+        raise RecipeError(f"LEVEL_MARGIN (--level-margin)={args.level_margin:g}: must be > 0 "
+                          f"({'perplexity points' if lm else 'BLEU'})")  # fmt: skip
+    study_lm.check_task_archs(args.arch_list, args.task)
+    if lm and args.train_lines is not None:
+        raise RecipeError("TRAIN_LINES with a language-modeling study: scripts/lm/prepare_lm.py prepares the whole "
+                          "Multi30k side; drop TRAIN_LINES")  # fmt: skip
     args.explicit = {name for name in ("train_lines", "vocab_size") if getattr(args, name) is not None}
     args.train_lines = 0 if args.train_lines is None else args.train_lines
     args.vocab_size = 8000 if args.vocab_size is None else args.vocab_size
@@ -206,7 +230,7 @@ def validate(args, d: Defaults) -> None:
     args.threads = args.threads or max(1, cores // args.jobs)
     args.budget = Budget(max_update=args.max_update, minutes=args.train_minutes, patience=args.patience)
     args.valid_every = args.valid_every or (max(1, args.max_update // 8) if not args.train_minutes else 100)
-    args.setup = Setup(max_tokens=args.max_tokens)
+    args.setup = setup_class(max_tokens=args.max_tokens)
     study_checks.check_pairs(args, cores)
 
 
@@ -218,6 +242,8 @@ def prepare_data(args, logs: Path) -> Path:
     if args.data_bin is not None:
         read_manifest(args.data_bin)
         return args.data_bin
+    if args.task == study_lm.TASK:
+        return _prepare_lm(args, logs)
     name = f"multi30k_{args.src}_{args.tgt}"
     dest = args.out_dir / "data-bin" / name
     settings = {"corpus": "multi30k", "languages": sorted((args.src, args.tgt)), "vocab_size": args.vocab_size,
@@ -249,6 +275,30 @@ def prepare_data(args, logs: Path) -> Path:
     return dest
 
 
+def _prepare_lm(args, logs: Path) -> Path:
+    """The Multi30k side TGT as a language-modeling corpus, prepared once into OUT_DIR/data-bin/lm_multi30k_TGT
+    (scripts/lm/prepare_lm.py refuses to rebuild it with other settings)."""
+    dest = args.out_dir / "data-bin" / f"lm_multi30k_{args.tgt}"
+    if (dest / "recipe.json").is_file():
+        old = json.loads((dest / "recipe.json").read_text(encoding="utf-8")).get("settings") or {}
+        if old.get("vocab_size") == args.vocab_size and old.get("lang") == args.tgt:
+            return dest
+    log_file = logs / "prepare.log"
+    with open(log_file, "w", encoding="utf-8") as out:
+        status = subprocess.run(study_lm.prepare_command(args, dest), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                check=False).returncode  # fmt: skip
+    if status != 0:
+        text = log_file.read_text(encoding="utf-8", errors="replace")
+        errors = [line.split("error: ", 1)[1] for line in text.splitlines() if "] error: " in line]
+        limit = study_checks._TOO_HIGH.search(text)
+        if limit:
+            raise RecipeError(f"MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE={args.vocab_size} SentencePiece pieces, "
+                              f"but the {args.tgt} side of {args.raw_dir or 'Multi30k'} allows at most {limit.group(2)} "
+                              f"(SentencePiece's own limit for this text); set VOCAB_SIZE <= {limit.group(2)}")  # fmt: skip
+        raise RecipeError(f"LM data preparation failed: {errors[-1] if errors else 'see ' + str(log_file)}")
+    return dest
+
+
 # ---------------------------------------------------------------------------------------------- the grid
 
 
@@ -263,7 +313,7 @@ def main(argv=None, defaults: Defaults | None = None):
     args = parse_args(argv, defaults)
     tag = args.defaults.tag
     started = _now()
-    check_archs(args.arch_list, "ARCHS (--archs)")
+    check_archs(args.arch_list, "ARCHS (--archs)", lm=args.task == study_lm.TASK)
     out = args.out_dir
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -279,14 +329,16 @@ def main(argv=None, defaults: Defaults | None = None):
     manifest = read_manifest(data)
     info = machine()
     study = Study(args, data, manifest)
+    lm = args.task == study_lm.TASK
+    reporter, table = (study_lm_report, study_lm_report.console_table) if lm else (study_report, console_table)
     if args.report_only:
         runs, missing = study.finished_runs(tuning, later)
         if not runs:
             raise RecipeError(f"REPORT_ONLY (--report-only): no run in OUT_DIR (--out-dir)={out} has finished and been "
                               "evaluated yet")  # fmt: skip
         log(tag, f"report only: {len(runs)} of {n_runs} runs finished" + (f"; missing {', '.join(r.name for r in missing)}" if missing else ""))
-        context = study_report.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
-        print(f"\n{console_table(context['rows'])}\n\ntables: {out / 'results.md'}, {out / 'results.json'}", flush=True)
+        context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
+        print(f"\n{table(context['rows'])}\n\ntables: {out / 'results.md'}, {out / 'results.json'}", flush=True)
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -299,9 +351,9 @@ def main(argv=None, defaults: Defaults | None = None):
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    context = study_report.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO)
-    print("\n" + console_table(context["rows"]), flush=True)
-    print(f"\nplots: {context['curves_png']}, {context['bleu_png']}\ntables: {out / 'results.md'}, {out / 'results.json'}")
+    context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO)
+    print("\n" + table(context["rows"]), flush=True)
+    print(f"\nplots: {context['curves_png']}, {context.get('ppl_png') or context['bleu_png']}\ntables: {out / 'results.md'}, {out / 'results.json'}")
     print("\n" + context["reading"], flush=True)
     log(tag, f"done in {_minutes(time.time() - study.start)}")
 

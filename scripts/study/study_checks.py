@@ -89,8 +89,8 @@ def _conflict(args, limit: int) -> RecipeError:
 
 def check_vocabulary(args) -> None:
     """With a local Multi30k copy not yet prepared in OUT_DIR, VOCAB_SIZE against what TRAIN_LINES allow."""
-    if args.data_bin is not None or args.raw_dir is None:
-        return  # prepared already, or downloaded later: explain_vocabulary_error reads the preparation's error
+    if args.data_bin is not None or args.raw_dir is None or getattr(args, "task", "translation") != "translation":
+        return  # (a language-modeling study: scripts/lm/prepare_lm.py trains one side's pieces and names its errors)  # prepared already, or downloaded later: explain_vocabulary_error reads the preparation's error
     recipe = args.out_dir / "data-bin" / f"multi30k_{args.src}_{args.tgt}" / "recipe.json"
     if recipe.is_file():
         old = json.loads(recipe.read_text(encoding="utf-8")).get("settings") or {}

@@ -117,7 +117,7 @@ class Run:
         return self.arch, self.variant
 
 
-def check_archs(archs: list[str], variable: str) -> None:
+def check_archs(archs: list[str], variable: str, lm: bool = False) -> None:
     """Every architecture must be registered with fairseq once the plugin is imported."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
@@ -128,8 +128,9 @@ def check_archs(archs: list[str], variable: str) -> None:
         from fairseq_plugins.models import PRESETS
 
         families = sorted({p.family for p in PRESETS.values()})
+        names, example = ("_lm_*", "dca_lm_d6") if lm else ("_*", "residual_iwslt_e12d12")
         raise RecipeError(f"{variable}: unknown architecture(s) {', '.join(unknown)}; the plugin's families are "
-                          f"{', '.join(f + '_*' for f in families)} (e.g. residual_iwslt_e12d12)")  # fmt: skip
+                          f"{', '.join(f + names for f in families)} (e.g. {example})")  # fmt: skip
 
 
 def criterion_args(arch: str) -> list[str]:

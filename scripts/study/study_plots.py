@@ -5,8 +5,10 @@ from study_common import Run
 from study_stats import _chosen
 
 
-def plots(results: dict[Run, dict], rows: list[dict], choices: dict, curves_png, bleu_png) -> None:
-    """curves_png: train and valid loss against updates and seconds; bleu_png: BLEU mean ± std per model."""
+def plots(results: dict[Run, dict], rows: list[dict], choices: dict, curves_png, bleu_png, score: str = "bleu",
+          score_label: str = "sacreBLEU (mean ± std over seeds)") -> None:  # fmt: skip
+    """curves_png: train and valid loss against updates and seconds; bleu_png: the score (BLEU, or a language
+    model's perplexity) mean ± std per model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,10 +42,10 @@ def plots(results: dict[Run, dict], rows: list[dict], choices: dict, curves_png,
 
     fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(rows)), 4))
     names = [r["arch"] + (f"\n{r['variant']}" if multi_variant else "") for r in rows]
-    ax.bar(range(len(rows)), [r["bleu"] or 0 for r in rows], yerr=[r["bleu_std"] or 0 for r in rows], capsize=4,
+    ax.bar(range(len(rows)), [r[score] or 0 for r in rows], yerr=[r[score + "_std"] or 0 for r in rows], capsize=4,
            color=[colors[(r["arch"], r["variant"])] for r in rows])  # fmt: skip
     ax.set_xticks(range(len(rows)), names, rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel("sacreBLEU (mean ± std over seeds)")
+    ax.set_ylabel(score_label)
     fig.tight_layout()
     fig.savefig(bleu_png, dpi=100)
     plt.close(fig)

@@ -234,7 +234,17 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         lines += [f"## Each model's variants against its {first} variant", ""]
         lines += _comparison_table([{**c, "label": f"{c['key'][1]}: {c['system']} - {first}", "seed": c["key"][2]}
                                     for c in variants], "model: variant", context["margin"]) + [""]  # fmt: skip
-    lines += ["## Runs: was the validation loss still falling at the end?", "",
+    lines += runs_and_choices(context, choices)
+    # the plots sit beside results.md: relative links keep a copied or committed study folder readable
+    lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",
+              f"![BLEU]({Path(context['bleu_png']).name})", "",
+              f"sacreBLEU signature: `{context['signature']}`", "", "## Reading", "", context["reading"], ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def runs_and_choices(context: dict, choices: dict) -> list[str]:
+    """results.md's sections on every run's trend and on every lr/warm-up candidate (translation and LM alike)."""
+    lines = ["## Runs: was the validation loss still falling at the end?", "",
               (f"Slope: least-squares slope of the valid loss over the last {context['falling_last']} validations, per "
                f"100 updates; still falling below -{context['falling_slope']:g} (FALLING_LAST, FALLING_SLOPE). "
                "Best: the lowest valid loss and its update (the evaluated checkpoint_best.pt)."), "",
@@ -261,11 +271,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
                              f"{_fmt(c['best_valid_loss'], None, 3)} | {mark} |")  # fmt: skip
             lines += [""] + [f"**Edge of the grid**: the choice is {note}." for note in choice.get("edges", [])]
             lines += [""] if choice.get("edges") else []
-    # the plots sit beside results.md: relative links keep a copied or committed study folder readable
-    lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",
-              f"![BLEU]({Path(context['bleu_png']).name})", "",
-              f"sacreBLEU signature: `{context['signature']}`", "", "## Reading", "", context["reading"], ""]  # fmt: skip
-    return "\n".join(lines)
+    return lines
 
 
 def _bleu_text(r: dict, base: dict, margin: float | None) -> str:

@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import study_lm
 import study_stats
 from study_common import (
     ATTEMPT,
@@ -179,8 +180,7 @@ class Study(Console):
         stored = self.run_dir(run) / "command.json"
         if not self.is_done(run) or not stored.is_file():
             return
-        now = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, self.run_dir(run) / "checkpoints",
-                            self.args.valid_every, self.args.model_arg_list, list(self.args.extra))  # fmt: skip
+        now = self._command(run, self.run_dir(run) / "checkpoints", list(self.args.extra))
         differences = command_differences(json.loads(stored.read_text(encoding="utf-8"))["command"], now)
         if differences:
             raise RecipeError(f"OUT_DIR (--out-dir)={self.args.out_dir} holds run {run.name}, finished under another "
@@ -244,13 +244,27 @@ class Study(Console):
         if hook and hook["run"] is None and len(list(self.runs_dir.glob("*/DONE.json"))) >= hook["runs"]:
             hook["run"] = run
             extra += ["--max-update", str(hook["updates"])]  # as if the run were stopped at this update
-        cmd = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, save_dir,
-                            self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+        cmd = self._command(run, save_dir, extra)
         attempts = read_curves(self.run_dir(run) / "train.log")["attempts"]
         write_json(self.run_dir(run) / "command.json", {"command": cmd})
         return Process(cmd, self.run_dir(run) / "train.log", self.args.threads, header=attempt_line(attempts + 1, time.time()))
 
+    @property
+    def lm(self) -> bool:
+        return self.manifest.get("task") == study_lm.TASK
+
+    def _command(self, run: Run, save_dir: Path, extra: list[str]) -> list[str]:
+        if self.lm:
+            return study_lm.train_command(run, self.args.setup, self.args.budget, self.data, save_dir,
+                                          self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+        return train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, save_dir,
+                             self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+
     def _evaluate(self, run: Run) -> Process:
+        if self.lm:  # perplexity and per-sentence log-likelihoods of valid and test (study_lm_eval.py)
+            cmd = study_lm.eval_command(self.data, self.run_dir(run) / "checkpoints" / "checkpoint_best.pt",
+                                        self.run_dir(run) / "eval" / "results.json")  # fmt: skip
+            return Process(cmd, self.run_dir(run) / "eval.log", self.args.threads, mode="w")
         cmd = [sys.executable, SCRIPTS / "training" / "evaluate_recipe.py", self.data,
                self.run_dir(run) / "checkpoints" / "checkpoint_best.pt", "--output-dir", self.run_dir(run) / "eval",
                "--sets", self.test_set["name"], "--gpu", "0", "--max-tokens", "4000", "--",
@@ -259,7 +273,7 @@ class Study(Console):
 
     @property
     def test_set(self) -> dict:
-        return self.manifest["tests"][0]
+        return {"name": "test"} if self.lm else self.manifest["tests"][0]
 
     def _poll(self) -> None:
         for run, proc in list(self.train.items()):
@@ -307,7 +321,9 @@ class Study(Console):
                "seconds": max([p[1] for p in curves["train"] + curves["valid"]], default=0.0),
                "best_valid_loss": best[2] if best else None, "best_valid_update": best[0] if best else None,
                "stopped": done.get("stopped")}  # fmt: skip
-        if evaluated:
+        if evaluated and self.lm:
+            out.update(study_lm.read_eval(json.loads((self.run_dir(run) / "eval" / "results.json").read_text(encoding="utf-8"))))
+        elif evaluated:
             ev = json.loads((self.run_dir(run) / "eval" / "results.json").read_text(encoding="utf-8"))
             test = ev["tests"][self.test_set["name"]]
             out.update(bleu=test["bleu"], chrf=test["chrf"], sentences=test["sentences"], beam=ev["beam"],

@@ -142,8 +142,9 @@ def within(entries: list[dict], margin: float, metric: str = "bleu") -> bool:
 
 
 def summarize(results: dict[Run, dict], archs: list[str], variants: list[str], choices: dict,
-              tests: dict) -> list[dict]:  # fmt: skip
-    """One row per (architecture, variant) at its chosen setting: means over seeds and comparisons."""
+              tests: dict, scores: tuple[str, ...] = ("bleu", "chrf")) -> list[dict]:  # fmt: skip
+    """One row per (architecture, variant) at its chosen setting: means over seeds of ``scores`` (the results'
+    keys: BLEU and chrF, or a language model's perplexities) and of the curves, and the comparisons."""
     rows = []
     for variant in variants:
         baseline = {run.seed: r for run, r in results.items()
@@ -157,7 +158,7 @@ def summarize(results: dict[Run, dict], archs: list[str], variants: list[str], c
                    "warmup": choices[(arch, variant)]["warmup"], "seeds": [run.seed for run, _ in runs],
                    "parameters": runs[0][1]["parameters"], "tuned": len(choices[(arch, variant)]["candidates"]) > 1}  # fmt: skip
             # row keys as scripts/analysis/compare.py reads a results.json's "models" (train_seconds, updates)
-            for key, name in (("bleu", "bleu"), ("chrf", "chrf"), ("valid_loss", "valid_loss"), ("updates", "updates"),
+            for key, name in (*((s, s) for s in scores), ("valid_loss", "valid_loss"), ("updates", "updates"),
                               ("seconds", "train_seconds")):  # fmt: skip
                 row[name], row[name + "_std"] = mean_std([r[key] for _, r in runs])
             times, p_values = [], []

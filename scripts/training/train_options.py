@@ -37,7 +37,14 @@ def registered_architectures() -> dict[str, str]:
 
 
 def check_architecture(arch: str) -> str:
-    """The model name of ``arch``; an unknown name stops with the plugin's families listed."""
+    """The model name of ``arch``; an unknown name stops with the plugin's families listed, a language model's
+    (``{family}_lm_*``, fairseq's ``transformer_lm*``) with where language models are trained."""
+    if re.search(r"(^|_)lm(_|$)", arch):
+        raise RecipeError(
+            f"{arch!r} (ARCH) is a decoder-only language model, not a translation architecture: train it on a "
+            "language-modeling corpus (recipes/prepare_lm.sh) with recipes/train_lm.sh, or compare language models "
+            "with LM=1 bash recipes/study.sh (docs/language_models.md)"
+        )
     archs = registered_architectures()
     if arch not in archs:
         plugin = sorted({a.rsplit("_", 1)[0] + "_*" for a in archs if re.search(r"_e\d+d\d+$", a)})
