@@ -196,12 +196,15 @@ def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Mod
 
 def _grn_kernel(chunks: list[Tensor], b: Tensor, w: Tensor | None, weight: Tensor | None, bias: Tensor | None,
                 eps: float, with_norm: bool, out: tuple[Tensor, Tensor] | None):  # fmt: skip
-    """The fused kernels: as the custom operator where autograd, tracing or compilation must see them, else
-    (decoding) called directly, writing into ``out`` if it fits."""
-    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+    """The fused kernels: the custom operator where tracing or compilation must see them, the same forward and
+    backward as an autograd Function in eager autograd, else (decoding) called directly, writing into ``out``
+    if it fits."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
         first, h, *_ = torch.ops.fairseq_plugins.grn_forward(b, w, weight, bias, eps, with_norm, list(chunks))
+    elif torch.is_grad_enabled():
+        first, h = grn_ops.KernelFunction.apply(b, w, weight, bias, eps, with_norm, *chunks)
     else:
-        first, h, _ = grn_kernel.forward(chunks, b, w, weight, bias, eps, with_norm, save=False, out=out)
+        first, h, _ = grn_kernel.forward(chunks, b, w, weight, bias, eps, with_norm, save=False, out=out, checked=True)
     return (first, h) if with_norm else (h if h is not None else first)
 
 
