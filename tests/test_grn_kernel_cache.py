@@ -5,6 +5,8 @@ the target, no home directory needed, a hung compiler killed with its children (
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -148,3 +150,22 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has stopped running
     except FileNotFoundError:
         return False
+
+
+LOAD_ALONE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("loader", sys.argv[1])
+loader = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(loader)
+loader.load()
+"""
+
+
+def test_concurrent_builds_on_an_empty_cache_leave_one_library(tmp_path):
+    env = {**os.environ, loader.CACHE_ENV: str(tmp_path / "cache")}
+    cmd = [sys.executable, "-c", LOAD_ALONE, loader.__file__]  # the loader alone: no torch import, fast
+    procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert [n.rsplit(".", 1)[-1] for n in names] == ["sha256", "so"], names  # the same bytes, one name
