@@ -72,7 +72,8 @@ def loaded() -> ctypes.CDLL | None:
             if not _tried:
                 try:
                     _library = _load()
-                except (OSError, ValueError) as err:  # Refused is an OSError; ValueError: a NUL in $CC
+                except (OSError, ValueError, AttributeError) as err:  # Refused is an OSError; ValueError: a
+                    # NUL in $CC; AttributeError: a library without the entry points
                     failure = str(err)
                     logger.warning("GRN kernels unavailable, using the PyTorch code (slower): %s", failure)
                 _tried = True

@@ -46,6 +46,10 @@ class Refused(OSError):
     """A cache entry that is not private to this user: not used, not touched."""
 
 
+class TimedOut(OSError):
+    """A compiler that did not finish in time (killed with its children; not tried again)."""
+
+
 def cache_dir() -> Path:
     """The cache directory; no home directory is needed when FAIRSEQ_PLUGINS_CACHE is set."""
     if os.environ.get(CACHE_ENV):
@@ -121,7 +125,7 @@ def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProces
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise OSError(f"{cmd[0]} did not finish in {timeout} s and was killed with its children") from None
+        raise TimedOut(f"{cmd[0]} did not finish in {timeout} s and was killed with its children") from None
     finally:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -232,6 +236,8 @@ def load() -> ctypes.CDLL:
                 return _load_verified(dfd, path, record)
             try:
                 data = _compile(cc, flags, dfd, path)
+            except TimedOut:
+                raise
             except OSError:
                 if flags == base:
                     raise
