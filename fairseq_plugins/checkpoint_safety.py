@@ -61,31 +61,53 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint file is truncated or otherwise unreadable."""
 
 
+# what torch's weights-only unpickler says when the pickle asks for something not allowed (a global, a class, a
+# callable); anything else it says (an unknown opcode, a string running past the end, an append to a non-list)
+# means bytes that are not a well-formed checkpoint: a truncated or corrupt file
+_REFUSAL = re.compile(r"GLOBAL|[Uu]nsupported global|unrecognized function|Can only (create new object|build)"
+                      r"|allowlisted|must be imported")  # fmt: skip
+_DAMAGE = re.compile(r"zip|archive|EOF|unexpected end|truncated|corrupt|Invalid argument|invalid load key")
+
+
 def _refused_global(message: str) -> str:
-    found = re.search(r"GLOBAL ([\w.]+)", message)
+    found = re.search(r"GLOBAL ([\w.]+)", message) or re.search(r"(unrecognized function \S+|got <class \S+>)", message)
     return found.group(1) if found else "an unsupported global"
 
 
+def _unpickler_detail(message: str) -> str:
+    """The unpickler's own words inside torch's long weights-only message."""
+    detail = message.split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
+    return " ".join(detail.split())[:200] or "unreadable data"
+
+
+def _corrupt(path, reason: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"checkpoint {path} is truncated or corrupt and cannot be read ({reason}); restore it from a copy or "
+        "remove it to start from an earlier checkpoint"
+    )
+
+
 def explain_load_errors(load):
-    """Wrap a checkpoint loader ``load(path, ...)`` so its failures name the file and the reason."""
+    """Wrap a checkpoint loader ``load(path, ...)`` so its failures name the file and the reason: a refused
+    global (CheckpointRefusedError) and a damaged file (CheckpointCorruptError) each have their own message."""
 
     @functools.wraps(load)
     def wrapper(path, *args, **kwargs):
         try:
             return load(path, *args, **kwargs)
         except pickle.UnpicklingError as err:
+            if not _REFUSAL.search(str(err)):
+                raise _corrupt(path, _unpickler_detail(str(err))) from None
             raise CheckpointRefusedError(
                 f"refusing to load checkpoint {path}: it references {_refused_global(str(err))}, which is "
                 "not one of the types fairseq checkpoints contain, and loading it could run arbitrary code. "
                 "Weights-only loading stays on (fairseq_plugins/checkpoint_safety.py lists what is allowed)."
             ) from None
-        except (RuntimeError, EOFError) as err:
-            if not re.search(r"zip|archive|EOF|unexpected end|truncated|corrupt", f"{type(err).__name__} {err}"):
+        except (RuntimeError, EOFError, OSError, UnicodeDecodeError) as err:
+            missing = isinstance(err, FileNotFoundError | PermissionError | IsADirectoryError)
+            if missing or not (isinstance(err, EOFError | UnicodeDecodeError) or _DAMAGE.search(str(err))):
                 raise
-            raise CheckpointCorruptError(
-                f"checkpoint {path} is truncated or corrupt and cannot be read ({err}); restore it from a "
-                "copy or remove it to start from an earlier checkpoint"
-            ) from err
+            raise _corrupt(path, str(err) or type(err).__name__) from err
 
     wrapper.explains_load_errors = True
     return wrapper

@@ -4,6 +4,7 @@ else a checkpoint might smuggle in (a pickled callable) is still refused."""
 import os
 import pickle
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -87,6 +88,31 @@ def test_truncated_checkpoint_is_named_in_a_clear_error(checkpoint, tmp_path):
     truncate(damaged)
     with pytest.raises(CheckpointCorruptError, match=f"checkpoint {damaged} is truncated or corrupt"):
         checkpoint_utils.load_checkpoint_to_cpu(str(damaged))
+
+
+def damaged_pickle(checkpoint, tmp_path, how):
+    """A copy of checkpoint whose pickle (data.pkl in the zip) is cut short or starts with a byte no pickle has."""
+    damaged = tmp_path / f"checkpoint_{how}.pt"
+    with zipfile.ZipFile(checkpoint) as src, zipfile.ZipFile(damaged, "w", zipfile.ZIP_STORED) as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith("data.pkl"):
+                data = data[: len(data) // 2] if how == "cut" else b"\xd8" + data[1:]
+            dst.writestr(name, data)
+    return damaged
+
+
+@pytest.mark.parametrize("how", ["truncated", "cut", "flipped", "garbage", "empty"])
+def test_a_damaged_checkpoint_is_told_apart_from_a_refused_global(checkpoint, tmp_path, how):
+    if how in ("cut", "flipped"):
+        damaged = damaged_pickle(checkpoint, tmp_path, how)
+    else:
+        damaged = tmp_path / "checkpoint_last.pt"
+        data = {"truncated": checkpoint.read_bytes()[:-1000], "garbage": bytes(range(256)) * 8, "empty": b""}[how]
+        damaged.write_bytes(data)
+    with pytest.raises(CheckpointCorruptError, match=f"checkpoint {damaged} is truncated or corrupt") as err:
+        checkpoint_utils.load_checkpoint_to_cpu(str(damaged))
+    assert "unsupported global" not in str(err.value) and "arbitrary code" not in str(err.value)
 
 
 def test_resuming_from_a_truncated_checkpoint_stops_instead_of_starting_afresh(checkpoint, corpus_bin, tmp_path):

@@ -2,10 +2,9 @@
 and gradients in float32 for every GRN version, output count, LayerNorm and stack layout; the same DCA model
 training step with and without them; the fallback when they cannot be built or are turned off."""
 
+import hashlib
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -41,9 +40,9 @@ def run_grn(grn, norm, stack, split, kernel: bool):
 @needs_kernel
 def test_the_kernels_build_here():
     assert grn_kernel.library() is not None, grn_kernel.failure
-    assert grn_kernel.usable([torch.ones(2, 3)], torch.ones(2))
+    assert grn_kernel.usable([torch.ones(2, 3)], torch.ones(1, 2, 3))
     # other dtypes, and stacks in more chunks than DepthStack hands over: the PyTorch code
-    assert not grn_kernel.usable([torch.ones(2, 3)], torch.ones(2, dtype=torch.float64))
+    assert not grn_kernel.usable([torch.ones(2, 3)], torch.ones(1, 2, 3, dtype=torch.float64))
     assert not grn_kernel.usable([torch.ones(1, 3)] * (grn_kernel.MAX_CHUNKS + 1), torch.ones(1, 4, 3))
 
 
@@ -111,36 +110,37 @@ def test_a_dca_training_step_is_the_same_with_and_without_the_kernels(k):
         torch.testing.assert_close(grads_k[name], grad, rtol=1e-3, atol=1e-6, msg=name)
 
 
-def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, **env}, timeout=300)  # fmt: skip
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """The loader as in a new process (nothing loaded or tried yet), with an empty cache; restored afterwards."""
+    monkeypatch.setattr(grn_kernel, "_library", None)
+    monkeypatch.setattr(grn_kernel, "_tried", False)
+    monkeypatch.setattr(grn_kernel, "failure", None)
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
-PROBE = """
-import torch
-from fairseq_plugins.kernels import grn_kernel
-from fairseq_plugins.modules.grn import GRNv3
-out = GRNv3(8, 3, 3)([torch.randn(3, 4, 8)])
-print("library", grn_kernel.library() is not None, "failure", grn_kernel.failure, "shape", tuple(out.shape))
-"""
+def test_a_failed_build_falls_back_to_the_pytorch_code_with_a_warning(fresh_loader, monkeypatch, caplog):
+    monkeypatch.setenv("CC", str(fresh_loader.parent / "no-such-compiler"))
+    out = GRNv3(8, 3, 3)([torch.randn(3, 4, 8)])
+    assert grn_kernel.library() is None and out.shape == (3, 4, 8)
+    warnings = [r.getMessage() for r in caplog.records if "GRN kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "using the PyTorch code" in warnings[0], warnings
+    assert not fresh_loader.exists()  # nothing that looks built
 
 
-def test_a_failed_build_falls_back_to_the_pytorch_code_with_a_warning(tmp_path):
-    done = _python(PROBE, CC=str(tmp_path / "no-such-compiler"), FAIRSEQ_PLUGINS_CACHE=str(tmp_path / "cache"))
-    assert done.returncode == 0, done.stderr
-    assert "library False" in done.stdout and "shape (3, 4, 8)" in done.stdout
-    assert "GRN kernels unavailable, using the PyTorch code" in done.stderr
-    assert not list((tmp_path / "cache").glob("*"))  # nothing that looks built
-
-
-def test_the_kernels_can_be_turned_off(tmp_path):
-    done = _python(PROBE, FAIRSEQ_PLUGINS_GRN_KERNEL="0", FAIRSEQ_PLUGINS_CACHE=str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    assert "library False failure None" in done.stdout and not list(tmp_path.glob("*"))
+def test_the_kernels_can_be_turned_off(fresh_loader):
+    with grn_kernel.enabled(False):
+        GRNv3(8, 3, 3)([torch.randn(3, 4, 8)])
+        assert grn_kernel.library() is None and grn_kernel.failure is None
+    assert not fresh_loader.exists()
 
 
 @needs_kernel
-def test_a_build_leaves_only_the_finished_library(tmp_path):
-    done = _python(PROBE, FAIRSEQ_PLUGINS_CACHE=str(tmp_path))
-    assert done.returncode == 0 and "library True" in done.stdout, done.stderr
-    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
+def test_a_build_leaves_only_the_finished_library_and_its_hash_record(fresh_loader):
+    assert grn_kernel.loaded() is not None, grn_kernel.failure
+    files = sorted(p.name for p in fresh_loader.iterdir())
+    assert len(files) == 2 and files[0].endswith(".sha256") and files[1].endswith(".so"), files
+    digest = (fresh_loader / files[0]).read_text().strip()
+    assert files[1] == f"grn_cpu-{digest}.so"
+    assert hashlib.sha256((fresh_loader / files[1]).read_bytes()).hexdigest() == digest  # content-addressed

@@ -5,7 +5,8 @@
  * matmuls. These kernels walk the tokens once. For one token they read its E entries (E x D floats, in L1),
  * compute the gates, the O mixtures and their LayerNorm, and write the results; backward likewise. Plain C
  * (no torch headers, so it builds in about a second), called through ctypes by kernels/grn_kernel.py, which
- * owns every allocation. Single-threaded: the caller runs it with the tensors torch would have used.
+ * owns every allocation. Parallel over tokens with OpenMP, on as many threads as the caller passes
+ * (torch.get_num_threads()); built without OpenMP, the pragmas are ignored and one thread runs.
  *
  * Layout: the stack comes as up to three chunks (grn.py's list of chunks: the whole stack, or k-DCA's embedding,
  * middle sum and last k), chunk c holding e_c entries of N x D floats one after the other (row-major, each
@@ -13,232 +14,147 @@
  * with DB = D (GRN-v2/v3) or 1 (GRN-v1); w is (O, D) or NULL (GRN-v1/v2); the LayerNorm's weight and bias
  * are (D) or NULL. Saved per token: rho (E, N) and dot (O, E, N) (GRN-v3), mean and rstd (O, N) (LayerNorm).
  * O <= MAX_OUTPUTS (DCA's GRNs have 1 or 3; the caller runs the PyTorch code for more).
+ * The loops are in grn_loops.c, the checked entry points below.
  */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-#define RMS_EPS 1e-6f
-#define MAX_OUTPUTS 4
+#include "grn_loops.c"
 
-/* The hot loops are written with GCC/Clang vector extensions: vectors of 8 floats (one AVX register, two SSE
- * or NEON registers; the compiler lowers them to what the target has) and explicit independent accumulator
- * chains. Left to the auto-vectoriser, the blocked loops below came out as scalar code that shuffled their
- * operands into vectors, several times slower. Columns past the last whole vector run a scalar tail. */
-#define W 8
-typedef float vf __attribute__((vector_size(W * sizeof(float)), aligned(sizeof(float)), may_alias));
+/* The entry points take their sizes in `dims` and every buffer with its length in floats (`sizes`, 0 for
+ * NULL), in the order of the enums below, and check them all before touching memory: a bad size, a missing
+ * buffer or one given where none belongs returns an error code instead of reading or writing out of bounds.
+ * They cannot check that a pointer really holds its stated length or that outputs do not overlap inputs:
+ * kernels/grn_kernel.py passes fresh contiguous tensors and their numel(). */
+enum { DIM_N, DIM_D, DIM_O, DIM_DB, DIM_E0, DIM_E1, DIM_E2, DIM_LN, DIM_THREADS, DIMS };
+enum { F_C0, F_C1, F_C2, F_B, F_W, F_LNW, F_LNB, F_FIRST, F_H, F_MEAN, F_RSTD, F_RHO, F_DOT, FORWARD_BUFFERS };
+enum { B_C0, B_C1, B_C2, B_B, B_W, B_LNW, B_GRAD, B_GRAD_FIRST, B_MEAN, B_RSTD, B_RHO, B_DOT, B_G0, B_G1, B_G2,
+       B_GRAD_B, B_GRAD_W, B_GRAD_LNW, B_GRAD_LNB, BACKWARD_BUFFERS };
+#define GRN_OK 0
+#define GRN_NO_MEMORY (-1)
+#define GRN_BAD_DIM 1     /* + the index of the bad dimension */
+#define GRN_BAD_BUFFER 100 /* + the index of the bad buffer */
+#define MAX_DIM ((int64_t)1 << 40)
+#define MAX_ENTRIES ((int64_t)1 << 20)
+#define MAX_THREADS 1024
+/* tokens a thread gets at least (times entries x width): fewer, and waking another thread costs more than it
+ * saves (decoding's 80-token calls run on one thread) */
+#define MIN_WORK_PER_THREAD ((int64_t)1 << 17)
 
-static inline vf load(const float *p) { return *(const vf *)p; }
-static inline void store(float *p, vf v) { *(vf *)p = v; }
-static inline vf splat(float x) { return (vf){0} + x; }
-static inline float hsum(vf v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+int grn_abi_version(void) { return 2; }
 
-/* a . b with four accumulator chains (one chain is bound by the add latency) */
-static inline float dotf(const float *restrict a, const float *restrict b, int64_t n) {
-    vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    int64_t c = 0;
-    for (; c + 4 * W <= n; c += 4 * W) {
-        s0 += load(a + c) * load(b + c);
-        s1 += load(a + c + W) * load(b + c + W);
-        s2 += load(a + c + 2 * W) * load(b + c + 2 * W);
-        s3 += load(a + c + 3 * W) * load(b + c + 3 * W);
-    }
-    for (; c + W <= n; c += W) s0 += load(a + c) * load(b + c);
-    float t = hsum((s0 + s1) + (s2 + s3));
-    for (; c < n; c++) t += a[c] * b[c];
-    return t;
+/* a * b * c, or -1 if it does not fit */
+static int64_t prod(int64_t a, int64_t b, int64_t c) {
+    int64_t ab, abc;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) || abc > INT64_MAX / 8) return -1;
+    return abc;
 }
 
-/* sum (a - m)^2; with m = 0, sum a^2 */
-static inline float sqdevf(const float *restrict a, float m, int64_t n) {
-    vf s0 = {0}, s1 = {0}, mv = splat(m);
-    int64_t c = 0;
-    for (; c + 2 * W <= n; c += 2 * W) {
-        vf d0 = load(a + c) - mv, d1 = load(a + c + W) - mv;
-        s0 += d0 * d0;
-        s1 += d1 * d1;
-    }
-    for (; c + W <= n; c += W) {
-        vf d0 = load(a + c) - mv;
-        s0 += d0 * d0;
-    }
-    float t = hsum(s0 + s1);
-    for (; c < n; c++) t += (a[c] - m) * (a[c] - m);
-    return t;
+enum { ABSENT, REQUIRED, OPTIONAL };
+/* 0 if buffer k is as `need` says: REQUIRED (non-NULL, exactly `want` floats), ABSENT (NULL, size 0) or
+ * OPTIONAL (either); else its error code */
+static int check_buffer(void *const *bufs, const int64_t *sizes, int k, int need, int64_t want) {
+    int ok = bufs[k] ? need != ABSENT && want > 0 && sizes[k] == want : need != REQUIRED && sizes[k] == 0;
+    return ok ? GRN_OK : GRN_BAD_BUFFER + k;
 }
 
-static inline float sumf(const float *restrict a, int64_t n) {
-    vf s0 = {0}, s1 = {0};
-    int64_t c = 0;
-    for (; c + 2 * W <= n; c += 2 * W) {
-        s0 += load(a + c);
-        s1 += load(a + c + W);
-    }
-    for (; c + W <= n; c += W) s0 += load(a + c);
-    float t = hsum(s0 + s1);
-    for (; c < n; c++) t += a[c];
-    return t;
+/* the same for a pair that comes together (mean and rstd, rho and dot) */
+static int check_pair(void *const *bufs, const int64_t *sizes, int k, int need, int64_t want1, int64_t want2) {
+    int err = check_buffer(bufs, sizes, k, need, want1);
+    if (!err) err = check_buffer(bufs, sizes, k + 1, bufs[k] ? REQUIRED : ABSENT, want2);
+    return err;
 }
 
-/* ss = g . g and dots[o] = w_o . g in one pass over g; called with O a constant (DCA's 3, the GRN-vX modes' 1)
- * it is unrolled so that the O + 1 chains stay in registers. */
-static inline __attribute__((always_inline)) void gate_sums(const float *restrict g, const float *restrict w,
-                                                            int64_t D, const int64_t O, float *ss, float *dots) {
-    vf acc_ss = {0}, acc[MAX_OUTPUTS] = {{0}};
-    int64_t c = 0;
-    for (; c + W <= D; c += W) {
-        vf v = load(g + c);
-        acc_ss += v * v;
-        for (int64_t o = 0; o < O; o++) acc[o] += load(w + o * D + c) * v;
-    }
-    float t = hsum(acc_ss);
-    for (int64_t k = c; k < D; k++) t += g[k] * g[k];
-    *ss = t;
-    for (int64_t o = 0; o < O; o++) {
-        t = hsum(acc[o]);
-        for (int64_t k = c; k < D; k++) t += w[o * D + k] * g[k];
-        dots[o] = t;
-    }
+static int check_dims(const int64_t *dims) {
+    int64_t D = dims[DIM_D], E = dims[DIM_E0] + dims[DIM_E1] + dims[DIM_E2];
+    const int ok[DIMS] = {
+        [DIM_N] = dims[DIM_N] >= 1 && dims[DIM_N] <= MAX_DIM,
+        [DIM_D] = D >= 1 && D <= MAX_DIM,
+        [DIM_O] = dims[DIM_O] >= 1 && dims[DIM_O] <= MAX_OUTPUTS,
+        [DIM_DB] = dims[DIM_DB] == 1 || dims[DIM_DB] == D,
+        [DIM_E0] = dims[DIM_E0] >= 0 && dims[DIM_E0] <= MAX_ENTRIES && E >= 1,
+        [DIM_E1] = dims[DIM_E1] >= 0 && dims[DIM_E1] <= MAX_ENTRIES,
+        [DIM_E2] = dims[DIM_E2] >= 0 && dims[DIM_E2] <= MAX_ENTRIES,
+        [DIM_LN] = dims[DIM_LN] == 0 || dims[DIM_LN] == 1,
+        [DIM_THREADS] = dims[DIM_THREADS] >= 1 && dims[DIM_THREADS] <= MAX_THREADS,
+    };
+    for (int k = 0; k < DIMS; k++)
+        if (!ok[k]) return GRN_BAD_DIM + k;
+    return GRN_OK;
 }
 
-/* For entry j of one token (GRN-v2/v3, DB = D): grad_b[o, j] += gx_o * g, grad_r[o, j] = gx_o . g and
- * gg = sum_o gx_o * (b[o, j] + r[o, j]), in one pass over the row (unrolled when O is a constant). */
-static inline __attribute__((always_inline)) void entry_grads(const float *restrict g, const float *restrict gx,
-                                                              const float *restrict b, const float *r,
-                                                              float *restrict grad_b, float *grad_r,
-                                                              float *restrict gg, int64_t D, int64_t E,
-                                                              const int64_t O, int64_t j) {
-    vf acc[MAX_OUTPUTS] = {{0}};
-    float rj[MAX_OUTPUTS];
-    for (int64_t o = 0; o < O; o++) rj[o] = r ? r[o * E + j] : 0.0f;
-    int64_t c = 0;
-    for (; c + W <= D; c += W) {
-        vf v = load(g + c), out = {0};
-        for (int64_t o = 0; o < O; o++) {
-            vf gxo = load(gx + o * D + c), q = gxo * v;
-            float *gbj = grad_b + (o * E + j) * D + c;
-            store(gbj, load(gbj) + q);
-            acc[o] += q;
-            out += gxo * (load(b + (o * E + j) * D + c) + rj[o]);
-        }
-        store(gg + c, out);
+/* The chunks (and, for backward, their gradients): chunk c is present iff it has entries */
+static int check_chunks(void *const *bufs, const int64_t *sizes, int first, const int64_t *dims) {
+    for (int c = 0; c < 3; c++) {
+        int64_t e = dims[DIM_E0 + c];
+        int err = check_buffer(bufs, sizes, first + c, e ? REQUIRED : ABSENT, prod(e, dims[DIM_N], dims[DIM_D]));
+        if (err) return err;
     }
-    float tail_r[MAX_OUTPUTS] = {0};
-    for (int64_t k = c; k < D; k++) {
-        float out = 0.0f;
-        for (int64_t o = 0; o < O; o++) {
-            float q = gx[o * D + k] * g[k];
-            grad_b[(o * E + j) * D + k] += q;
-            tail_r[o] += q;
-            out += gx[o * D + k] * (b[(o * E + j) * D + k] + rj[o]);
-        }
-        gg[k] = out;
-    }
-    for (int64_t o = 0; o < O; o++) grad_r[o * E + j] = hsum(acc[o]) + tail_r[o];
+    return GRN_OK;
 }
 
-/* The gate of entry row g (entry j of E): rho = 1 / rms(g) and, per output o, dot = w_o . g and
- * r[o, j] = max(rho * dot, 0). Returns rho; dot_out and r are (O, E) with stride E. */
-static float gate(const float *restrict g, const float *restrict w, int64_t D, int64_t O, int64_t E, int64_t j,
-                  float *dot_out, float *r) {
-    float ss, dots[MAX_OUTPUTS];
-    if (O == 3)
-        gate_sums(g, w, D, 3, &ss, dots);
-    else if (O == 1)
-        gate_sums(g, w, D, 1, &ss, dots);
-    else
-        gate_sums(g, w, D, O, &ss, dots);
-    float rho = 1.0f / sqrtf(ss / (float)D + RMS_EPS);
-    for (int64_t o = 0; o < O; o++) {
-        float s = rho * dots[o];
-        dot_out[o * E + j] = dots[o];
-        r[o * E + j] = s > 0.0f ? s : 0.0f;
-    }
-    return rho;
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
 }
 
-/* x[o] = sum_j g_j * (b[o, j] + r[o, j]) for one token, output o at x + o * stride; r is (O, E) or NULL.
- * Four vectors of columns are summed over the entries in registers and stored once (entry by entry, every
- * entry would load and store the whole output row again); the sum runs in entry order, as in grn.py. */
-static void mix(const float *const *rows, const float *restrict b, const float *r, int64_t D, int64_t E,
-                int64_t O, int64_t DB, float *x, int64_t stride) {
-    for (int64_t o = 0; o < O; o++) {
-        float *restrict xo = x + o * stride;
-        const float *bo = b + o * E * DB;
-        int64_t c = 0;
-        for (; c + 4 * W <= D; c += 4 * W) { /* four independent accumulator chains */
-            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int64_t j = 0; j < E; j++) {
-                const float *g = rows[j] + c;
-                float rj = r ? r[o * E + j] : 0.0f;
-                if (DB == 1) {
-                    float coef = bo[j] + rj;
-                    a0 += load(g) * coef;
-                    a1 += load(g + W) * coef;
-                    a2 += load(g + 2 * W) * coef;
-                    a3 += load(g + 3 * W) * coef;
-                } else {
-                    const float *bj = bo + j * DB + c;
-                    a0 += load(g) * (load(bj) + rj);
-                    a1 += load(g + W) * (load(bj + W) + rj);
-                    a2 += load(g + 2 * W) * (load(bj + 2 * W) + rj);
-                    a3 += load(g + 3 * W) * (load(bj + 3 * W) + rj);
-                }
-            }
-            store(xo + c, a0);
-            store(xo + c + W, a1);
-            store(xo + c + 2 * W, a2);
-            store(xo + c + 3 * W, a3);
-        }
-        for (; c < D; c++) { /* the columns past the last whole block */
-            float acc = 0.0f;
-            for (int64_t j = 0; j < E; j++)
-                acc += rows[j][c] * ((DB == 1 ? bo[j] : bo[j * DB + c]) + (r ? r[o * E + j] : 0.0f));
-            xo[c] = acc;
-        }
-    }
+static int thread_count(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
 }
 
-static void layer_norm_stats(const float *restrict x, int64_t D, float eps, float *mean, float *rstd) {
-    float m = sumf(x, D) / (float)D;
-    *mean = m;
-    *rstd = 1.0f / sqrtf(sqdevf(x, m, D) / (float)D + eps);
+/* threads worth starting for N tokens, at most `threads` (torch.get_num_threads() of the caller) */
+static int threads_for(int64_t N, int64_t E, int64_t D, int64_t threads) {
+    int64_t work = prod(N, E, D), t = work < 0 ? threads : work / MIN_WORK_PER_THREAD;
+    t = t < threads ? t : threads;
+    return t > N ? (int)N : (t < 1 ? 1 : (int)t);
 }
 
-/* Pointers to the E entries of up to three chunks (see the layout above); NULL if out of memory. */
-static const float **entry_pointers(const float *c0, int64_t e0, const float *c1, int64_t e1, const float *c2,
-                                    int64_t e2, int64_t N, int64_t D) {
-    const float **p = malloc(sizeof(float *) * (size_t)(e0 + e1 + e2 + 1));
+/* Pointers to the E entries of the three chunks (see the layout above); NULL if out of memory. */
+static float **entry_pointers(float *const *chunks, const int64_t *e, int64_t N, int64_t D) {
+    float **p = malloc(sizeof(float *) * (size_t)(e[0] + e[1] + e[2]));
     if (!p) return NULL;
     int64_t j = 0;
-    for (int64_t i = 0; i < e0; i++) p[j++] = c0 + i * N * D;
-    for (int64_t i = 0; i < e1; i++) p[j++] = c1 + i * N * D;
-    for (int64_t i = 0; i < e2; i++) p[j++] = c2 + i * N * D;
+    for (int c = 0; c < 3; c++)
+        for (int64_t i = 0; i < e[c]; i++) p[j++] = chunks[c] + i * N * D;
     return p;
 }
 
-/* Forward. With the LayerNorm (ln != 0): first = x[0] (N, D) and h = LN(x) (O, N, D), with mean and rstd
- * (O, N) saved unless NULL; without: x (O, N, D) into h, first unused. rho (E, N) and dot (O, E, N) are
- * saved unless NULL. Returns 0, or -1 if its working memory could not be allocated. */
-int grn_forward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, int64_t e0, const float *c1,
-                int64_t e1, const float *c2, int64_t e2, const float *b, const float *w, int ln, const float *ln_w,
-                const float *ln_b, float ln_eps, float *first, float *h, float *mean, float *rstd, float *rho,
-                float *dot) {
-    const int64_t E = e0 + e1 + e2;
+struct grn {
+    int64_t N, D, O, DB, E;
+    int ln;
+    float ln_eps;
+    float **entries, **grad_entries;
+    const float *b, *w, *ln_w, *ln_b;
+};
+
+static int forward_tokens(const struct grn *a, void *const *bufs, int64_t n_begin, int64_t n_end) {
+    const int64_t N = a->N, D = a->D, O = a->O, E = a->E;
+    const float *w = a->w;
+    float *first = bufs[F_FIRST], *h = bufs[F_H], *mean = bufs[F_MEAN], *rstd = bufs[F_RSTD];
+    float *rho = bufs[F_RHO], *dot = bufs[F_DOT];
     float *scratch = malloc(sizeof(float) * (size_t)(O * D + 2 * O * E));
     const float **rows = malloc(sizeof(float *) * (size_t)E);
-    const float **entries = entry_pointers(c0, e0, c1, e1, c2, e2, N, D);
-    if (!scratch || !rows || !entries) {
+    if (!scratch || !rows) {
         free(scratch);
         free(rows);
-        free(entries);
-        return -1;
+        return GRN_NO_MEMORY;
     }
     float *x = scratch, *r = scratch + O * D, *dots = r + O * E;
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t j = 0; j < E; j++) rows[j] = entries[j] + n * D;
+    for (int64_t n = n_begin; n < n_end; n++) {
+        for (int64_t j = 0; j < E; j++) rows[j] = a->entries[j] + n * D;
         if (w) {
             for (int64_t j = 0; j < E; j++) {
                 float rh = gate(rows[j], w, D, O, E, j, dots, r);
@@ -247,70 +163,99 @@ int grn_forward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, in
             if (dot)
                 for (int64_t i = 0; i < O * E; i++) dot[i * N + n] = dots[i];
         }
-        if (!ln) {
-            mix(rows, b, w ? r : NULL, D, E, O, DB, h + n * D, N * D);
+        if (!a->ln) {
+            mix(rows, a->b, w ? r : NULL, D, E, O, a->DB, h + n * D, N * D);
             continue;
         }
-        mix(rows, b, w ? r : NULL, D, E, O, DB, x, D);
+        mix(rows, a->b, w ? r : NULL, D, E, O, a->DB, x, D);
         memcpy(first + n * D, x, (size_t)D * sizeof(float));
         for (int64_t o = 0; o < O; o++) {
             float m, rs;
             const float *xr = x + o * D;
             float *hr = h + (o * N + n) * D;
-            layer_norm_stats(xr, D, ln_eps, &m, &rs);
+            layer_norm_stats(xr, D, a->ln_eps, &m, &rs);
             if (mean) {
                 mean[o * N + n] = m;
                 rstd[o * N + n] = rs;
             }
             for (int64_t c = 0; c < D; c++) {
                 float v = (xr[c] - m) * rs;
-                if (ln_w) v *= ln_w[c];
-                if (ln_b) v += ln_b[c];
+                if (a->ln_w) v *= a->ln_w[c];
+                if (a->ln_b) v += a->ln_b[c];
                 hr[c] = v;
             }
         }
     }
     free(scratch);
     free(rows);
-    free(entries);
-    return 0;
+    return GRN_OK;
 }
 
-/* Backward of grn_forward for the gradient grad (O, N, D) of h (ln) or of x (no ln), plus grad_first
- * (N, D, or NULL) of first. Writes grad_entries[j] (N, D) and accumulates into grad_b (O, E, DB), grad_w
- * (O, D; NULL without w), grad_ln_w and grad_ln_b (D; NULL without the LayerNorm or its affine part), all
- * zeroed by the caller. Returns 0, or -1 if its working memory could not be allocated. */
-int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, int64_t e0, const float *c1,
-                 int64_t e1, const float *c2, int64_t e2, const float *b, const float *w, int ln, const float *ln_w,
-                 const float *grad, const float *grad_first, const float *mean, const float *rstd,
-                 const float *rho, const float *dot, float *g0, float *g1, float *g2, float *grad_b,
-                 float *grad_w, float *grad_ln_w, float *grad_ln_b) {
-    const int64_t E = e0 + e1 + e2;
+/* Forward. With the LayerNorm (ln = 1): first = x[0] (N, D) and h = LN(x) (O, N, D), with mean and rstd
+ * (O, N) saved if given; without: x (O, N, D) into h, no first. rho (E, N) and dot (O, E, N) are saved if given
+ * (GRN-v3). Returns GRN_OK, GRN_NO_MEMORY, or the code of the first bad dimension or buffer. */
+int grn_forward(const int64_t *dims, float ln_eps, void *const *bufs, const int64_t *sizes, int64_t n_buffers) {
+    if (n_buffers != FORWARD_BUFFERS) return GRN_BAD_BUFFER + FORWARD_BUFFERS;
+    int err = check_dims(dims);
+    const int64_t N = dims[DIM_N], D = dims[DIM_D], O = dims[DIM_O], DB = dims[DIM_DB];
+    const int64_t E = dims[DIM_E0] + dims[DIM_E1] + dims[DIM_E2];
+    const int ln = (int)dims[DIM_LN], has_w = bufs[F_W] != NULL;
+    if (!err) err = check_chunks(bufs, sizes, F_C0, dims);
+    if (!err) err = check_buffer(bufs, sizes, F_B, REQUIRED, prod(O, E, DB));
+    if (!err) err = check_buffer(bufs, sizes, F_W, OPTIONAL, prod(O, D, 1));
+    if (!err) err = check_buffer(bufs, sizes, F_LNW, ln ? OPTIONAL : ABSENT, D);
+    if (!err) err = check_buffer(bufs, sizes, F_LNB, ln ? OPTIONAL : ABSENT, D);
+    if (!err) err = check_buffer(bufs, sizes, F_FIRST, ln ? REQUIRED : ABSENT, prod(N, D, 1));
+    if (!err) err = check_buffer(bufs, sizes, F_H, REQUIRED, prod(O, N, D));
+    if (!err) err = check_pair(bufs, sizes, F_MEAN, ln ? OPTIONAL : ABSENT, prod(O, N, 1), prod(O, N, 1));
+    if (!err) err = check_pair(bufs, sizes, F_RHO, has_w ? OPTIONAL : ABSENT, prod(E, N, 1), prod(O, E, N));
+    if (err) return err;
+    struct grn a = {N, D, O, DB, E, ln, ln_eps, NULL, NULL, bufs[F_B], bufs[F_W], bufs[F_LNW], bufs[F_LNB]};
+    a.entries = entry_pointers((float *const *)bufs + F_C0, dims + DIM_E0, N, D);
+    if (!a.entries) return GRN_NO_MEMORY;
+    const int T = threads_for(N, E, D, dims[DIM_THREADS]);
+    int status = GRN_OK;
+#pragma omp parallel num_threads(T) if (T > 1) reduction(min : status)
+    {
+        int64_t t = thread_id(), nt = thread_count();
+        status = forward_tokens(&a, bufs, N * t / nt, N * (t + 1) / nt);
+    }
+    free(a.entries);
+    return status;
+}
+
+/* where one thread accumulates the parameters' gradients (the caller's buffers for thread 0) */
+struct grads {
+    float *b, *w, *ln_w, *ln_b;
+};
+
+static int backward_tokens(const struct grn *a, void *const *bufs, struct grads acc, int64_t n_begin,
+                           int64_t n_end) {
+    const int64_t N = a->N, D = a->D, O = a->O, DB = a->DB, E = a->E;
+    const float *b = a->b, *w = a->w, *ln_w = a->ln_w;
+    const float *grad = bufs[B_GRAD], *grad_first = bufs[B_GRAD_FIRST], *mean = bufs[B_MEAN];
+    const float *rstd = bufs[B_RSTD], *rho = bufs[B_RHO], *dot = bufs[B_DOT];
     float *scratch = malloc(sizeof(float) * (size_t)(2 * O * D + 4 * O * E));
     const float **rows = malloc(sizeof(float *) * (size_t)E);
-    const float **entries = entry_pointers(c0, e0, c1, e1, c2, e2, N, D);
-    float **grad_entries = (float **)entry_pointers(g0, e0, g1, e1, g2, e2, N, D);
-    if (!scratch || !rows || !entries || !grad_entries) {
+    if (!scratch || !rows) {
         free(scratch);
         free(rows);
-        free(entries);
-        free(grad_entries);
-        return -1;
+        return GRN_NO_MEMORY;
     }
     float *x = scratch, *gx = scratch + O * D, *r = gx + O * D, *grad_r = r + O * E, *dt = grad_r + O * E;
     float *coef = dt + O * E;
     const float invD = 1.0f / (float)D;
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t j = 0; j < E; j++) rows[j] = entries[j] + n * D;
+    for (int64_t n = n_begin; n < n_end; n++) {
+        for (int64_t j = 0; j < E; j++) rows[j] = a->entries[j] + n * D;
         if (w)
             for (int64_t o = 0; o < O; o++)
                 for (int64_t j = 0; j < E; j++) {
                     float d = dot[(o * E + j) * N + n], s = rho[j * N + n] * d;
                     dt[o * E + j] = d;
-                    r[o * E + j] = s > 0.0f ? s : 0.0f;
+                    r[o * E + j] = s < 0.0f ? 0.0f : s; /* NaN stays NaN, like clamp(min=0) */
                 }
         /* the gradient of x, per output */
-        if (ln) {
+        if (a->ln) {
             mix(rows, b, w ? r : NULL, D, E, O, DB, x, D); /* recomputed, not saved */
             for (int64_t o = 0; o < O; o++) {
                 const float *restrict gh = grad + (o * N + n) * D;
@@ -321,10 +266,10 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
                     xhat[c] = (xhat[c] - m) * rs;
                     gxo[c] = ln_w ? gh[c] * ln_w[c] : gh[c];
                 }
-                if (grad_ln_w)
-                    for (int64_t c = 0; c < D; c++) grad_ln_w[c] += gh[c] * xhat[c];
-                if (grad_ln_b)
-                    for (int64_t c = 0; c < D; c++) grad_ln_b[c] += gh[c];
+                if (acc.ln_w)
+                    for (int64_t c = 0; c < D; c++) acc.ln_w[c] += gh[c] * xhat[c];
+                if (acc.ln_b)
+                    for (int64_t c = 0; c < D; c++) acc.ln_b[c] += gh[c];
                 float s1 = sumf(gxo, D) * invD, s2 = dotf(gxo, xhat, D) * invD;
                 for (int64_t c = 0; c < D; c++) gxo[c] = rs * (gxo[c] - s1 - xhat[c] * s2);
             }
@@ -338,19 +283,19 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
         /* per entry: grad_b, grad_r, and the entry's gradient through the mixture */
         for (int64_t j = 0; j < E; j++) {
             const float *restrict g = rows[j];
-            float *restrict gg = grad_entries[j] + n * D;
+            float *restrict gg = a->grad_entries[j] + n * D;
             if (DB != 1) {
                 if (O == 3)
-                    entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, 3, j);
+                    entry_grads(g, gx, b, w ? r : NULL, acc.b, grad_r, gg, D, E, 3, j);
                 else if (O == 1)
-                    entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, 1, j);
+                    entry_grads(g, gx, b, w ? r : NULL, acc.b, grad_r, gg, D, E, 1, j);
                 else
-                    entry_grads(g, gx, b, w ? r : NULL, grad_b, grad_r, gg, D, E, O, j);
+                    entry_grads(g, gx, b, w ? r : NULL, acc.b, grad_r, gg, D, E, O, j);
             } else { /* GRN-v1: one weight per entry and output */
                 for (int64_t o = 0; o < O; o++) {
                     const float *restrict gxo = gx + o * D;
                     float p = dotf(gxo, g, D), cf = b[o * E + j] + (w ? r[o * E + j] : 0.0f);
-                    grad_b[o * E + j] += p;
+                    acc.b[o * E + j] += p;
                     if (w) grad_r[o * E + j] = p;
                     if (o == 0) {
                         for (int64_t c = 0; c < D; c++) gg[c] = gxo[c] * cf;
@@ -360,10 +305,11 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
                 }
             }
             if (w) {
-                /* through the gate: s = rho * dot, r = max(s, 0) with derivative 1 at 0 (grn.py) */
+                /* through the gate: s = rho * dot, r = max(s, 0) with derivative 1 at 0 (grn.py); as in grn.py
+                 * the gradient is grad_r * (dot >= 0), so a NaN gradient stays NaN */
                 float rh = rho[j * N + n], kappa = 0.0f;
                 for (int64_t o = 0; o < O; o++) {
-                    float d = dt[o * E + j], gs = d >= 0.0f ? grad_r[o * E + j] : 0.0f;
+                    float d = dt[o * E + j], gs = grad_r[o * E + j] * (d >= 0.0f ? 1.0f : 0.0f);
                     coef[o] = gs * rh; /* d loss / d dot */
                     kappa += gs * d;
                 }
@@ -373,7 +319,7 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
                 for (; c + W <= D; c += W) {
                     vf v = load(g + c), out = load(gg + c);
                     for (int64_t o = 0; o < O; o++) {
-                        float *gwo = grad_w + o * D + c;
+                        float *gwo = acc.w + o * D + c;
                         store(gwo, load(gwo) + coef[o] * v);
                         out += coef[o] * load(w + o * D + c);
                     }
@@ -382,7 +328,7 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
                 for (; c < D; c++) {
                     float out = gg[c];
                     for (int64_t o = 0; o < O; o++) {
-                        grad_w[o * D + c] += coef[o] * g[c];
+                        acc.w[o * D + c] += coef[o] * g[c];
                         out += coef[o] * w[o * D + c];
                     }
                     gg[c] = out + kappa * g[c];
@@ -392,7 +338,69 @@ int grn_backward(int64_t N, int64_t D, int64_t O, int64_t DB, const float *c0, i
     }
     free(scratch);
     free(rows);
-    free(entries);
-    free(grad_entries);
-    return 0;
+    return GRN_OK;
+}
+
+static void add_into(float *restrict to, const float *restrict from, int64_t n) {
+    if (to)
+        for (int64_t i = 0; i < n; i++) to[i] += from[i];
+}
+
+/* Backward of grn_forward for the gradient grad (O, N, D) of h (ln) or of x (no ln), plus grad_first (N, D,
+ * if given) of first. Writes the chunks' gradients g0, g1, g2 (the chunks' shapes) and accumulates into
+ * grad_b (O, E, DB), grad_w (O, D; with w), grad_ln_w and grad_ln_b (D; each if given), all zeroed by the
+ * caller. Returns as grn_forward. Threads accumulate the parameters' gradients apart and add them up in
+ * thread order: for a given thread count the result does not depend on the schedule. */
+int grn_backward(const int64_t *dims, void *const *bufs, const int64_t *sizes, int64_t n_buffers) {
+    if (n_buffers != BACKWARD_BUFFERS) return GRN_BAD_BUFFER + BACKWARD_BUFFERS;
+    int err = check_dims(dims);
+    const int64_t N = dims[DIM_N], D = dims[DIM_D], O = dims[DIM_O], DB = dims[DIM_DB];
+    const int64_t E = dims[DIM_E0] + dims[DIM_E1] + dims[DIM_E2];
+    const int ln = (int)dims[DIM_LN], has_w = bufs[B_W] != NULL;
+    if (!err) err = check_chunks(bufs, sizes, B_C0, dims);
+    if (!err) err = check_buffer(bufs, sizes, B_B, REQUIRED, prod(O, E, DB));
+    if (!err) err = check_buffer(bufs, sizes, B_W, OPTIONAL, prod(O, D, 1));
+    if (!err) err = check_buffer(bufs, sizes, B_LNW, ln ? OPTIONAL : ABSENT, D);
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD, REQUIRED, prod(O, N, D));
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD_FIRST, ln ? OPTIONAL : ABSENT, prod(N, D, 1));
+    if (!err) err = check_pair(bufs, sizes, B_MEAN, ln ? REQUIRED : ABSENT, prod(O, N, 1), prod(O, N, 1));
+    if (!err) err = check_pair(bufs, sizes, B_RHO, has_w ? REQUIRED : ABSENT, prod(E, N, 1), prod(O, E, N));
+    if (!err) err = check_chunks(bufs, sizes, B_G0, dims);
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD_B, REQUIRED, prod(O, E, DB));
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD_W, has_w ? REQUIRED : ABSENT, prod(O, D, 1));
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD_LNW, ln ? OPTIONAL : ABSENT, D);
+    if (!err) err = check_buffer(bufs, sizes, B_GRAD_LNB, ln ? OPTIONAL : ABSENT, D);
+    if (err) return err;
+    struct grn a = {N, D, O, DB, E, ln, 0.0f, NULL, NULL, bufs[B_B], bufs[B_W], bufs[B_LNW], NULL};
+    a.entries = entry_pointers((float *const *)bufs + B_C0, dims + DIM_E0, N, D);
+    a.grad_entries = entry_pointers((float *const *)bufs + B_G0, dims + DIM_E0, N, D);
+    const int T = threads_for(N, E, D, dims[DIM_THREADS]);
+    const int64_t per_thread = O * E * DB + O * D + 2 * D; /* grad_b, grad_w, grad_ln_w, grad_ln_b */
+    float *extra = T > 1 ? calloc((size_t)((T - 1) * per_thread), sizeof(float)) : NULL;
+    int status = GRN_OK;
+    if (!a.entries || !a.grad_entries || (T > 1 && !extra)) status = GRN_NO_MEMORY;
+    if (!status) {
+#pragma omp parallel num_threads(T) if (T > 1) reduction(min : status)
+        {
+            int64_t t = thread_id(), nt = thread_count();
+            struct grads acc = {bufs[B_GRAD_B], bufs[B_GRAD_W], bufs[B_GRAD_LNW], bufs[B_GRAD_LNB]};
+            if (t > 0) {
+                float *mine = extra + (t - 1) * per_thread;
+                acc = (struct grads){mine, has_w ? mine + O * E * DB : NULL, acc.ln_w ? mine + O * E * DB + O * D : NULL,
+                                     acc.ln_b ? mine + O * E * DB + O * D + D : NULL};
+            }
+            status = backward_tokens(&a, bufs, acc, N * t / nt, N * (t + 1) / nt);
+        }
+        for (int64_t t = 1; t < T && !status; t++) {
+            const float *mine = extra + (t - 1) * per_thread;
+            add_into(bufs[B_GRAD_B], mine, O * E * DB);
+            add_into(bufs[B_GRAD_W], mine + O * E * DB, O * D);
+            add_into(bufs[B_GRAD_LNW], mine + O * E * DB + O * D, D);
+            add_into(bufs[B_GRAD_LNB], mine + O * E * DB + O * D + D, D);
+        }
+    }
+    free(extra);
+    free(a.entries);
+    free(a.grad_entries);
+    return status;
 }

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import grn_kernel
+from ..kernels import grn_kernel, grn_ops
 
 RMS_EPS = 1e-6
 # the no-grad path (decoding) mixes the whole stack in one broadcast product while it stays under this many
@@ -139,13 +139,6 @@ class _GRNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, b, w, norm_weight, norm_bias, norm_eps, with_norm, *chunks):
         ctx.shape, ctx.n_chunks, ctx.with_norm = chunks[0].shape[1:], len(chunks), with_norm
-        ctx.kernel = grn_kernel.usable(chunks, b, w, norm_weight, norm_bias)
-        if ctx.kernel:  # the same function in one pass over the tokens (kernels/grn_cpu.c)
-            x, h, (mean, rstd, rho, dot) = grn_kernel.forward(list(chunks), b, w, norm_weight, norm_bias, norm_eps,
-                                                              with_norm, save=True)  # fmt: skip
-            ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *chunks, rho, dot)
-            ctx.set_materialize_grads(False)  # an unused x[0] (the output GRN's) gets no tensor of zeros
-            return (x, h) if with_norm else x
         dim = chunks[0].size(-1)
         flat = [c.reshape(c.size(0), -1, dim) for c in chunks]  # (entries, tokens, d) views
         gates = [_gate(g, w) for g in flat] if w is not None else None
@@ -159,19 +152,11 @@ class _GRNFunction(torch.autograd.Function):
         return x[0].view(ctx.shape), h.view(-1, *ctx.shape)
 
     @staticmethod
+    @grn_ops.once_differentiable  # no double backward, as in the kernels' operator (one error for both)
     def backward(ctx, *grads):
         b, w, norm_weight, norm_bias, mean, rstd, *rest = ctx.saved_tensors
         flat, stats = rest[: ctx.n_chunks], rest[ctx.n_chunks :]
         dim = flat[0].size(-1)
-        if ctx.kernel:
-            grad, grad_first = (grads[1], grads[0]) if ctx.with_norm else (grads[0], None)
-            if grad is None:  # only x[0] was used
-                grad = torch.zeros(b.size(0), *ctx.shape, dtype=flat[0].dtype, device=flat[0].device)
-            *params, chunk_grads = grn_kernel.backward(
-                list(flat), b, w, norm_weight, ctx.with_norm, grad, grad_first, (mean, rstd, *stats),
-                (ctx.needs_input_grad[2], ctx.needs_input_grad[3]),
-            )  # fmt: skip
-            return *params, None, None, *chunk_grads
         gates = [stats[3 * c : 3 * c + 3] for c in range(ctx.n_chunks)] if w is not None else None
         grad_norm_weight = grad_norm_bias = None
         if ctx.with_norm:
@@ -190,13 +175,9 @@ class _GRNFunction(torch.autograd.Function):
         return grad_b, grad_w, grad_norm_weight, grad_norm_bias, None, None, *chunk_grads
 
 
-def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Module | None, out=None):
-    """The same function without autograd (decoding): the kernel (writing into ``out`` if given), or few large
-    ops on the concatenated stack when small."""
-    weight, bias, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
-    if grn_kernel.usable(chunks, b, w, weight, bias):
-        x, h, _ = grn_kernel.forward(chunks, b, w, weight, bias, eps, norm is not None, save=False, out=out)
-        return x if norm is None else (x, h)
+def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Module | None):
+    """The same function without autograd in PyTorch (decoding): few large ops on the concatenated stack when
+    small."""
     stack = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     dim, shape = stack.size(-1), stack.shape[1:]
     flat = stack.reshape(stack.size(0), -1, dim)
@@ -211,6 +192,20 @@ def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Mod
     if norm is None:
         return x.view(-1, *shape)
     return x[0].view(shape), F.layer_norm(x, (dim,), norm.weight, norm.bias, norm.eps).view(-1, *shape)
+
+
+def _grn_kernel(chunks: list[Tensor], b: Tensor, w: Tensor | None, weight: Tensor | None, bias: Tensor | None,
+                eps: float, with_norm: bool, out: tuple[Tensor, Tensor] | None):  # fmt: skip
+    """The fused kernels: the custom operator where tracing or compilation must see them, the same forward and
+    backward as an autograd Function in eager autograd, else (decoding) called directly, writing into ``out``
+    if it fits."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        first, h, *_ = torch.ops.fairseq_plugins.grn_forward(b, w, weight, bias, eps, with_norm, list(chunks))
+    elif torch.is_grad_enabled():
+        first, h = grn_ops.KernelFunction.apply(b, w, weight, bias, eps, with_norm, *chunks)
+    else:
+        first, h, _ = grn_kernel.forward(chunks, b, w, weight, bias, eps, with_norm, save=False, out=out, checked=True)
+    return (first, h) if with_norm else (h if h is not None else first)
 
 
 NOT_SCRIPTABLE = (
@@ -249,9 +244,11 @@ class GRN(nn.Module):
         entries = sum(c.size(0) for c in chunks)
         if entries != self.num_entries:
             raise ValueError(f"{type(self).__name__} expects a stack of {self.num_entries} entries, got {entries}")
-        if not torch.is_grad_enabled():
-            return _grn_no_grad(chunks, self.b, self.w, norm, out if norm is not None else None)
         weight, bias, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0)
+        if grn_kernel.usable(chunks, self.b, self.w, weight, bias, norm is not None):
+            return _grn_kernel(chunks, self.b, self.w, weight, bias, eps, norm is not None, out)
+        if not torch.is_grad_enabled():
+            return _grn_no_grad(chunks, self.b, self.w, norm)
         return _GRNFunction.apply(self.b, self.w, weight, bias, eps, norm is not None, *chunks)
 
     def __prepare_scriptable__(self):

@@ -1,0 +1,249 @@
+"""Building, caching and loading the GRN kernels (grn_cpu.c) without trusting the cache more than the user.
+
+The trust model (docs/kernels.md says it for users):
+- The cache directory (``$FAIRSEQ_PLUGINS_CACHE``, else ``$XDG_CACHE_HOME/fairseq_plugins``, else
+  ``~/.cache/fairseq_plugins``) is created with mode 0700. It, the library and its hash record must be owned by
+  the effective user and writable by no one else; anything else is refused with a warning naming the path,
+  and the PyTorch code runs. The directory is opened once and every file is reached through that descriptor,
+  without following links, so a path swapped after the check is not read.
+- The library is published under its content hash (``grn_cpu-<sha256>.so``): written under a fresh temporary
+  name, fsynced and hard-linked into place (a file that exists is never replaced, so no process's mapping
+  changes under it). The record ``grn_cpu-<build key>.sha256`` names it; it is replaced atomically.
+- Loading reads the library through one descriptor, checks its sha256 against the record, and loads that same
+  descriptor (``/proc/self/fd/N`` on Linux), so what was verified is what runs.
+- The build key covers what the machine code depends on: the kernels' source, the compiler's resolved path and
+  ``--version``, the flags, and the target the compiler resolves ``-march=native`` to (from ``cc -###``; if
+  that cannot be read the build is portable, without ``-march=native``).
+- The compiler runs in its own session, in a private temporary directory (also its TMPDIR), and is killed as a
+  process group if it exceeds the time limit, so no child outlives it and writes into the cache.
+"""
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "grn_cpu.c", HERE / "grn_loops.c")  # grn_cpu.c includes grn_loops.c
+BASE_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC")
+OPENMP_FLAG = "-fopenmp"
+BUILD_TIMEOUT = 300  # seconds: a hung compiler falls back like a missing one
+PROBE_TIMEOUT = 60
+CACHE_ENV = "FAIRSEQ_PLUGINS_CACHE"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class Refused(OSError):
+    """A cache entry that is not private to this user: not used, not touched."""
+
+
+class TimedOut(OSError):
+    """A compiler that did not finish in time (killed with its children; not tried again)."""
+
+
+def cache_dir() -> Path:
+    """The cache directory; no home directory is needed when FAIRSEQ_PLUGINS_CACHE is set."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "fairseq_plugins"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError) as err:  # no HOME and a uid without a passwd entry (containers)
+        raise OSError(f"no cache directory: set {CACHE_ENV} (no home directory: {err})") from None
+    return home / ".cache" / "fairseq_plugins"
+
+
+def _check_private(st: os.stat_result, path: Path, kind: int) -> None:
+    if stat.S_IFMT(st.st_mode) != kind:
+        raise Refused(f"refusing {path}: not a {'directory' if kind == stat.S_IFDIR else 'regular file'}")
+    if st.st_uid != os.geteuid():
+        raise Refused(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise Refused(f"refusing {path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def open_private_dir(path: Path) -> int:
+    """A descriptor of ``path`` (created with mode 0700 if missing), checked to be private to this user."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    try:
+        _check_private(os.fstat(fd), path, stat.S_IFDIR)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fd_path(fd: int, fallback: Path) -> str:
+    """A path that names the file of descriptor fd itself (Linux), else the path it was opened from."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(fallback)
+
+
+def _read_private(dfd: int, name: str, path: Path) -> tuple[int, bytes]:
+    """(descriptor, content) of file ``name`` in directory dfd, opened without following links and checked."""
+    fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+    try:
+        _check_private(os.fstat(fd), path / name, stat.S_IFREG)
+        chunks = []
+        while block := os.read(fd, 1 << 20):
+            chunks.append(block)
+        return fd, b"".join(chunks)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write_new(dfd: int, name: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file ``name`` in dfd (it must not exist) and flush it to disk."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run cmd in its own session; on timeout kill its whole process group (the compiler's children too)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimedOut(f"{cmd[0]} did not finish in {timeout} s and was killed with its children") from None
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def compiler() -> list[str]:
+    """$CC (may carry arguments, e.g. ``ccache gcc``) with its program resolved to a real path."""
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    found = shutil.which(cc[0]) if cc else None
+    if found is None:
+        raise OSError(f"no C compiler: {os.environ.get('CC') or 'cc'} not found (set CC)")
+    return [os.path.realpath(found), *cc[1:]]
+
+
+def native_target(cc: list[str]) -> str:
+    """What the compiler turns -march=native into on this machine (gcc's -m options and --params, clang's
+    -target-cpu and -target-features from ``-###``), or "" if it cannot say (then no -march=native)."""
+    with contextlib.suppress(OSError):
+        done = _run([*cc, "-march=native", "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull], PROBE_TIMEOUT)
+        if done.returncode == 0:
+            words: list[str] = []
+            for line in done.stderr.splitlines():
+                with contextlib.suppress(ValueError):
+                    words += shlex.split(line)
+            picked = [w for i, w in enumerate(words) if w.startswith(("-m", "--param"))
+                      or (i and words[i - 1] in ("-target-cpu", "-target-feature", "-tune-cpu"))]  # fmt: skip
+            if any(re.match(r"-march=(?!native)|[+-]\w", w) for w in picked) or "-target-cpu" in words:
+                return " ".join(picked)
+    return ""
+
+
+def build_key(cc: list[str], flags: tuple[str, ...], target: str) -> str:
+    version = _run([*cc, "--version"], PROBE_TIMEOUT)
+    if version.returncode:
+        raise OSError(f"{cc[0]} --version failed: {version.stderr.strip()[-300:]}")
+    parts = [*(p.read_text() for p in SOURCES), *cc, version.stdout, *flags, target]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _compile(cc: list[str], flags: tuple[str, ...], dfd: int, path: Path) -> bytes:
+    """Compile in a fresh private directory of the cache; its output is read through the cache's descriptor."""
+    workdir = Path(tempfile.mkdtemp(prefix=".build-", dir=path))
+    try:
+        wfd = os.open(workdir.name, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+        try:
+            _check_private(os.fstat(wfd), workdir, stat.S_IFDIR)
+            env = {**os.environ, "TMPDIR": str(workdir)}
+            cmd = [*cc, *flags, "-o", str(workdir / "grn_cpu.so"), str(SOURCES[0]), "-lm"]
+            done = _run(cmd, BUILD_TIMEOUT, cwd=workdir, env=env)
+            if done.returncode:
+                raise OSError(f"{cc[0]} failed: {done.stderr.strip()[-500:]}")
+            fd, data = _read_private(wfd, "grn_cpu.so", workdir)
+            os.close(fd)
+            return data
+        finally:
+            os.close(wfd)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _publish(dfd: int, record: str, data: bytes) -> None:
+    """The library under its content hash (never replacing a file), then the record naming it (atomically)."""
+    digest = hashlib.sha256(data).hexdigest()
+    tmp = f".grn_cpu-{os.getpid()}-{os.urandom(6).hex()}.tmp"
+    _write_new(dfd, tmp, data, 0o500)
+    try:
+        os.link(tmp, f"grn_cpu-{digest}.so", src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+    except FileExistsError:  # another process published the same bytes: it is verified when loaded
+        pass
+    finally:
+        os.unlink(tmp, dir_fd=dfd)
+    _write_new(dfd, tmp, f"{digest}\n".encode(), 0o600)
+    os.rename(tmp, record, src_dir_fd=dfd, dst_dir_fd=dfd)
+    with contextlib.suppress(OSError):
+        os.fsync(dfd)
+
+
+def _load_verified(dfd: int, path: Path, record: str) -> ctypes.CDLL:
+    fd, text = _read_private(dfd, record, path)
+    os.close(fd)
+    digest = text.decode(errors="replace").strip()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise OSError(f"{path / record} is not a sha256 record")
+    name = f"grn_cpu-{digest}.so"
+    fd, data = _read_private(dfd, name, path)
+    try:
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise Refused(f"refusing {path / name}: its sha256 is not the one recorded when it was built")
+        return ctypes.CDLL(_fd_path(fd, path / name))  # the verified descriptor's file, not the path again
+    finally:
+        os.close(fd)
+
+
+def load() -> ctypes.CDLL:
+    """The kernels, from the cache or built into it. Raises OSError (Refused for a cache that is not private)."""
+    cc = compiler()
+    target = native_target(cc)
+    base = (*BASE_FLAGS, "-march=native") if target else BASE_FLAGS
+    path = cache_dir()
+    dfd = open_private_dir(path)
+    try:
+        for flags in ((*base, OPENMP_FLAG), base):  # without OpenMP (e.g. no libomp) the kernels run one thread
+            record = f"grn_cpu-{build_key(cc, flags, target)}.sha256"
+            with contextlib.suppress(FileNotFoundError):
+                return _load_verified(dfd, path, record)
+            try:
+                data = _compile(cc, flags, dfd, path)
+            except TimedOut:
+                raise
+            except OSError:
+                if flags == base:
+                    raise
+                continue
+            _publish(dfd, record, data)
+            return _load_verified(dfd, path, record)
+        raise AssertionError("unreachable")
+    finally:
+        os.close(dfd)

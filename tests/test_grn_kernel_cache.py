@@ -1,0 +1,171 @@
+"""The GRN kernels' cache as a trust boundary (kernels/loader.py, docs/kernels.md): private directories, refused
+foreign or writable entries and planted libraries, a verified hash, a build key that names the compiler and
+the target, no home directory needed, a hung compiler killed with its children (issue 30)."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fairseq_plugins.kernels import grn_kernel, loader
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A cache holding one built library and its record (built once for the module)."""
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    before = os.environ.get(loader.CACHE_ENV)
+    os.environ[loader.CACHE_ENV] = str(cache)
+    try:
+        loader.load()
+    finally:
+        if before is None:
+            del os.environ[loader.CACHE_ENV]
+        else:
+            os.environ[loader.CACHE_ENV] = before
+    return cache
+
+
+@pytest.fixture
+def cache(built, tmp_path, monkeypatch) -> Path:
+    """A copy of the built cache, used by a loader in the state of a new process."""
+    copy = tmp_path / "cache"
+    shutil.copytree(built, copy, symlinks=True)
+    copy.chmod(0o700)
+    monkeypatch.setenv(loader.CACHE_ENV, str(copy))
+    monkeypatch.setattr(grn_kernel, "_library", None)
+    monkeypatch.setattr(grn_kernel, "_tried", False)
+    monkeypatch.setattr(grn_kernel, "failure", None)
+    return copy
+
+
+def library_file(cache: Path) -> Path:
+    return next(cache.glob("*.so"))
+
+
+def refused(caplog, needle: str) -> str:
+    """Load as a new process would: the PyTorch code with one warning naming ``needle``."""
+    assert grn_kernel.loaded() is None
+    warnings = [r.getMessage() for r in caplog.records if "GRN kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and needle in warnings[0], warnings
+    return warnings[0]
+
+
+def test_the_cache_is_created_private_and_loads(cache, tmp_path, monkeypatch):
+    fresh = tmp_path / "new" / "cache"
+    monkeypatch.setenv(loader.CACHE_ENV, str(fresh))
+    assert grn_kernel.loaded() is not None, grn_kernel.failure
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    assert not stat.S_IMODE(library_file(fresh).stat().st_mode) & 0o022
+
+
+@pytest.mark.parametrize("where", ["directory", "library", "record"])
+def test_group_or_world_writable_entries_are_refused(cache, caplog, where):
+    path = {"directory": cache, "library": library_file(cache), "record": next(cache.glob("*.sha256"))}[where]
+    path.chmod(stat.S_IMODE(path.stat().st_mode) | 0o022)
+    assert str(path) in refused(caplog, "writable by group or others")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+@pytest.mark.parametrize("where", ["directory", "library"])
+def test_entries_owned_by_another_user_are_refused(cache, caplog, where):
+    os.chown(cache if where == "directory" else library_file(cache), 12345, -1)
+    refused(caplog, "owned by uid 12345")
+
+
+def test_a_planted_library_is_refused(cache, caplog):
+    lib = library_file(cache)
+    data = bytearray(lib.read_bytes())
+    data[-1] ^= 0xFF  # another library under the recorded name
+    lib.chmod(0o700)
+    lib.write_bytes(bytes(data))
+    refused(caplog, "sha256 is not the one recorded")
+
+
+def test_a_symlinked_library_is_not_followed(cache, caplog, tmp_path):
+    lib = library_file(cache)
+    elsewhere = tmp_path / "elsewhere.so"
+    shutil.copy(lib, elsewhere)
+    lib.unlink()
+    lib.symlink_to(elsewhere)
+    assert grn_kernel.loaded() is None and "GRN kernels unavailable" in caplog.text
+
+
+def test_no_home_directory_is_needed_with_the_cache_variable(cache, monkeypatch, caplog):
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    monkeypatch.delenv("HOME", raising=False)
+    assert grn_kernel.loaded() is not None, grn_kernel.failure
+    monkeypatch.delenv(loader.CACHE_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    with pytest.raises(OSError, match=loader.CACHE_ENV):
+        loader.cache_dir()
+
+
+def fake_compiler(tmp_path: Path, name: str, body: str) -> Path:
+    script = tmp_path / name
+    script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{name} 1.0"; exit 0; fi\n{body}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_the_build_key_names_the_compiler_version_and_the_target(tmp_path):
+    cc = loader.compiler()
+    target = loader.native_target(cc)
+    assert "native" not in target  # what -march=native resolved to, read from the compiler (no /proc/cpuinfo)
+    if target:
+        assert loader.build_key(cc, loader.BASE_FLAGS, target) != loader.build_key(cc, loader.BASE_FLAGS, "x")
+    other = fake_compiler(tmp_path, "othercc", f'exec {cc[0]} "$@"')  # the same compiler, another version
+    assert loader.build_key([str(other)], loader.BASE_FLAGS, target) != loader.build_key(cc, loader.BASE_FLAGS,
+                                                                                          target)  # fmt: skip
+
+
+def test_a_hung_compiler_is_killed_with_its_children(cache, tmp_path, monkeypatch, caplog):
+    pids = tmp_path / "pids"
+    hung = fake_compiler(tmp_path, "hungcc", f'case "$*" in *"###"*) exit 1;; esac\n'
+                                             f'sleep 60 & echo $! >> {pids}\nsleep 60')  # fmt: skip
+    monkeypatch.setenv("CC", str(hung))
+    monkeypatch.setattr(loader, "BUILD_TIMEOUT", 1)
+    refused(caplog, "was killed with its children")
+    deadline = time.monotonic() + 5
+    for pid in map(int, pids.read_text().split()):
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        assert not _alive(pid), f"the compiler's child {pid} outlived it"
+    assert not list(cache.glob(".build-*"))  # its private build directory is gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has stopped running
+    except FileNotFoundError:
+        return False
+
+
+LOAD_ALONE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("loader", sys.argv[1])
+loader = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(loader)
+loader.load()
+"""
+
+
+def test_concurrent_builds_on_an_empty_cache_leave_one_library(tmp_path):
+    env = {**os.environ, loader.CACHE_ENV: str(tmp_path / "cache")}
+    cmd = [sys.executable, "-c", LOAD_ALONE, loader.__file__]  # the loader alone: no torch import, fast
+    procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert [n.rsplit(".", 1)[-1] for n in names] == ["sha256", "so"], names  # the same bytes, one name
