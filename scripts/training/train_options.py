@@ -37,8 +37,14 @@ def registered_architectures() -> dict[str, str]:
 
 
 def check_architecture(arch: str) -> str:
-    """The model name of ``arch``; an unknown name stops with the plugin's families listed."""
+    """The model name of ``arch``; an unknown name stops with the plugin's families listed, a language model
+    (``{family}_lm_*``, fairseq's ``transformer_lm*``) with the recipe that trains it: this one is translation's."""
     archs = registered_architectures()
+    if arch in archs and is_language_model(arch):
+        raise RecipeError(
+            f"{arch!r} (ARCH) is a language model ({archs[arch]}), not a translation model: train it with "
+            f"recipes/train_lm.sh {arch} DATASET (docs/language_models.md); recipes/train.sh trains encoder-decoders"
+        )
     if arch not in archs:
         plugin = sorted({a.rsplit("_", 1)[0] + "_*" for a in archs if re.search(r"_e\d+d\d+$", a)})
         close = [a for a in sorted(archs) if a.split("_")[0] == arch.split("_")[0]][:8]
@@ -48,6 +54,12 @@ def check_architecture(arch: str) -> str:
             f"Families: {', '.join(plugin)} with depths e6d6 e12d12 e18d18 e24d24 e12d6 e18d6 e24d6 e36d6{hint}"
         )
     return archs[arch]
+
+
+def is_language_model(arch: str) -> bool:
+    from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
+
+    return issubclass(ARCH_MODEL_REGISTRY[arch], FairseqLanguageModel)
 
 
 def arch_width(arch: str) -> str | None:
