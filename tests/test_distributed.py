@@ -4,13 +4,16 @@ which starts 2 CPU processes with torchrun (scripts/training/fairseq_rank.py, gl
 NUM_GPUS processes per node on GPUs. For every family, the losses match a
 single-process run of the same recipe over the same total batch (the recipe itself splits 1,000 tokens per
 update into 2 x 500 x update-freq 1 and 1 x 500 x update-freq 2), which also shows that no gradient is lost or
-counted twice (tied weights, extra modules)."""
+counted twice (tied weights, extra modules). The same for the first two combinations of the covering sample of the
+axes grid (``residual_axes``; tests/grid_sample.py: those adding the most axis choices CI's families do not hold);
+the whole grid and every family with ALL_FAMILIES=1."""
 
 import json
 import sys
 
 import pytest
 
+from .grid_sample import axis_flags, combo_id, family_choices, grid_sample
 from .helpers import REPO, TINY, run, train_log, trained_families
 
 sys.path[:0] = [str(REPO / "scripts" / "training")]
@@ -19,7 +22,11 @@ import train_recipe
 
 FAMILIES = trained_families()
 UPDATES = 4
-FULL_RECIPE_FAMILY = "residual"
+FULL_RECIPE_ARCH = "residual_e6d6"
+# two combinations in CI (each costs a family's subprocess runs, ~1 min on a loaded machine); all with ALL_FAMILIES=1
+GRID = grid_sample(covered=family_choices(f"{family}_e6d6" for family in FAMILIES), limit=2)
+CONFIGS = [(f"{family}_e6d6", ()) for family in FAMILIES] + [("residual_axes", tuple(axis_flags(c))) for c in GRID]
+IDS = FAMILIES + [combo_id(c) for c in GRID]
 # no dropout: each rank draws its own masks, so only a deterministic model can match exactly; a short
 # warm-up so that 4 updates move the weights; one JSON record per update
 PASSTHROUGH = [*TINY, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0", "--lr", "1e-3",
@@ -38,26 +45,25 @@ def recipe_data(corpus_bin, tmp_path_factory):
     return data
 
 
-def plan(arch, data, save_dir, processes):
+def plan(arch, data, save_dir, processes, axes=()):
     """The recipe's plan, in-process (its command is what recipes/train.sh runs)."""
     args = train_recipe.parse_args([str(arch), str(data), "--save-dir", str(save_dir), "--gpus", "0",
                                     "--cpu-procs", str(processes), "--tokens-per-update", "1000", "--max-tokens",
-                                    "500", "--max-update", str(UPDATES), "--", *PASSTHROUGH])  # fmt: skip
+                                    "500", "--max-update", str(UPDATES), "--", *PASSTHROUGH, *axes])  # fmt: skip
     train_recipe.attach_save_dirs(args)
     setup, why = train_recipe.choose_setup(args.hparams, arch)
     return train_recipe.plan(args, arch, setup, why, env={})
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_two_process_ddp_through_the_recipe_matches_single_process(family, recipe_data, tmp_path):
-    arch = f"{family}_e6d6"
-    single, ddp = plan(arch, recipe_data, tmp_path / "single", 1), plan(arch, recipe_data, tmp_path / "ddp", 2)
+@pytest.mark.parametrize(("arch", "axes"), CONFIGS, ids=IDS)
+def test_two_process_ddp_through_the_recipe_matches_single_process(arch, axes, recipe_data, tmp_path):
+    single, ddp = plan(arch, recipe_data, tmp_path / "single", 1, axes), plan(arch, recipe_data, tmp_path / "ddp", 2, axes)
     assert (single.launcher, single.max_tokens, single.update_freq) == ("single", 500, 2)
     assert (ddp.launcher, ddp.max_tokens, ddp.update_freq) == ("torchrun", 500, 1)
     assert single.tokens_per_update == ddp.tokens_per_update == 1000
     assert "fairseq_rank.py" in " ".join(ddp.command) and "gloo" in ddp.command
     single_out = run(single.command, timeout=300).stdout
-    if family == FULL_RECIPE_FAMILY:  # one family end to end through recipes/train.sh: same command, manifest
+    if arch == FULL_RECIPE_ARCH:  # one family end to end through recipes/train.sh: same command, manifest
         env = {"RECIPE_PYTHON": sys.executable, "NUM_GPUS": "0", "CPU_PROCS": "2", "TOKENS_PER_UPDATE": "1000",
                "MAX_TOKENS": "500", "MAX_UPDATE": str(UPDATES), "SAVE_DIR": str(tmp_path / "ddp")}  # fmt: skip
         ddp_out = run(["bash", REPO / "recipes" / "train.sh", arch, recipe_data, "--", *PASSTHROUGH], env=env,

@@ -1,18 +1,23 @@
 """Layer pruning (fairseq's --encoder-layers-to-keep / --decoder-layers-to-keep) keeps, for every kept layer,
 exactly the weights it was trained with, including Crossformer-HG's tied projections; what cannot be pruned
-is refused with a clear error. The CLI paths (fairseq-generate --model-overrides, fairseq-train
---restore-file) are in tests/test_fairseq_parity.py."""
+is refused with a clear error; per axis choice of ``residual_axes`` too (PRUNING), over each choice alone and a
+sample of combinations (tests/grid_sample.py; the whole grid with ALL_FAMILIES=1). The CLI paths
+(fairseq-generate --model-overrides, fairseq-train --restore-file) are in tests/test_fairseq_parity.py."""
 
 import copy
 import io
+import re
 
 import pytest
 import torch
 from torch import nn
 
+from fairseq_plugins.axes import tables
+from fairseq_plugins.axes.grid import AXES
 from fairseq_plugins.modules.cross_layer_guidance import TiedLinear
 from fairseq_plugins.validation import PluginOptionError
 
+from .grid_sample import axis_flags, choice_sample, combo_id
 from .helpers import TinyTask, build_model, parse_model_args, random_batch
 
 TASK = TinyTask()
@@ -216,3 +221,46 @@ def test_depth_dependent_families_refuse_pruning_in_training_and_as_a_load_time_
     args.decoder_layers_to_keep = "1"  # as --model-overrides sets it on a saved checkpoint's args
     with pytest.raises(PluginOptionError, match=f"--decoder-{match}"):
         type_of(arch).build_model(args, TASK)
+
+
+# per axis choice of residual_axes: None = fairseq's pruning keeps every kept layer's weights, else what the
+# PluginOptionError naming --encoder/--decoder-layers-to-keep says. A combination prunes when all its choices do;
+# else the first refusing choice in axis order is named (docs/layer_pruning_torchscript.md says why for each)
+POSITIONAL = "(--depth-aggregation {}): its weights are sized and indexed"
+PRUNING: dict[str, dict[str, str | None]] = {
+    "residual": {"pre": None, "post": None, "resi-dual": None, "admin": None, "tfixup": None, "b2t": None,
+                 "normformer": None, "deepnet": "cannot be used with deepnet_transformer (--residual deepnet): DeepNorm's alpha"},
+    "depth_aggregation": {"none": None, "dca": "cannot be used with dca_transformer: every layer owns GRNs sized by",
+                          "dca-k": "cannot be used with dca_transformer: every layer owns GRNs sized by",
+                          **{name: POSITIONAL.format(name) for name in ("denseformer", "dlcl", "laurel-rw", "laurel-lr",
+                                                                        "laurel-pa", "hc-static", "hc-dynamic")}},
+    "tying": {"none": None, "key-query": None, "ffn": None, "value": None, "all": None},
+    "norm": {"layernorm": None, "rmsnorm": None},
+}  # fmt: skip
+SAMPLE = choice_sample()
+
+
+def test_every_axis_choice_states_what_pruning_does():
+    missing = {axis: sorted(set(table) - set(PRUNING.get(axis, {}))) for axis, table in tables().items()}
+    assert not any(missing.values()), f"say in PRUNING whether these choices prune (and in the docs page): {missing}"
+
+
+@pytest.mark.parametrize("combo", SAMPLE, ids=[combo_id(c) for c in SAMPLE])
+def test_axis_combinations_prune_or_refuse_as_their_choices_say(combo):
+    shape = [*SHAPE[:4], *axis_flags(combo)]
+    refused = next((PRUNING[axis][combo[axis]] for axis in AXES if PRUNING[axis][combo[axis]]), None)
+    if refused:
+        with pytest.raises(PluginOptionError, match=r"--encoder-layers-to-keep .*" + re.escape(refused)):
+            build_model("residual_axes", [*shape, "--encoder-layers-to-keep", "0,2"], task=TASK)
+        args = parse_model_args("residual_axes", shape)
+        args.decoder_layers_to_keep = "1"  # as --model-overrides sets it on a saved checkpoint's args
+        with pytest.raises(PluginOptionError, match=r"--decoder-layers-to-keep .*" + re.escape(refused)):
+            type_of("residual_axes").build_model(args, TASK)
+        return
+    full = trained("residual_axes", shape)
+    pruned, _ = pruned_from(saved_state(full), "residual_axes", "0,2,3", "1", shape=shape)
+    assert (len(pruned.encoder.layers), len(pruned.decoder.layers)) == (3, 1)
+    assert_kept_layers_equal(pruned, full, "encoder", [0, 2, 3])
+    assert_kept_layers_equal(pruned, full, "decoder", [1])
+    with torch.no_grad():
+        assert torch.isfinite(pruned(*random_batch(pruned))[0]).all()

@@ -69,7 +69,7 @@ def _param_table(argv: list[str], capsys) -> str:
 
 
 def test_param_table_counts_what_fairseq_builds(tmp_path, capsys):
-    """scripts/analysis/param_table.py (the README's table) reports the parameters of the models fairseq-train builds."""
+    """scripts/analysis/param_table.py (docs/architectures.md's table) reports the parameters of the models fairseq-train builds."""
     rows_file = tmp_path / "rows.json"
     out = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--vocab-size", "100",
                         "--json", str(rows_file)], capsys)  # fmt: skip

@@ -289,6 +289,16 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == (["raw"] if fixture else [])
 
 
+def test_train_refuses_a_language_model_and_names_the_lm_recipe():
+    import train_options
+    from training_common import RecipeError
+
+    for arch in ("dca_lm_d12", "transformer_lm"):
+        with pytest.raises(RecipeError, match=rf"'{arch}' \(ARCH\) is a decoder-only language model.*recipes/train_lm\.sh {arch}"):
+            train_options.check_architecture(arch)
+    assert train_options.check_architecture("dca_e6d6") == "dca_transformer"
+
+
 def test_train_rejects_an_unknown_architecture_before_writing(tmp_path):
     fx.write_text(tmp_path / "data" / "recipe.json", [json.dumps(manifest("multi30k"))])
     proc = recipe("train.sh", "residual_e7d7", str(tmp_path / "data"), env={"SAVE_DIR": str(tmp_path / "ck")},

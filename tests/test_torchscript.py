@@ -1,7 +1,9 @@
 """TorchScript export, as fairseq's tests/test_export.py and test_sequence_generator.py do it: every family's
 model and fairseq's SequenceGenerator script, survive save/load, and translate exactly like the eager model;
 a family that cannot be scripted (DCA, the other layer-stack families, the SiteResidual wiring baselines) refuses
-with a clear error instead of a compiler trace."""
+with a clear error instead of a compiler trace. The same per axis choice of ``residual_axes`` (TORCHSCRIPT says
+what each choice does), over each choice alone and a sample of combinations (tests/grid_sample.py; the whole grid
+with ALL_FAMILIES=1)."""
 
 import io
 
@@ -9,8 +11,11 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq_plugins.axes import tables
+from fairseq_plugins.axes.grid import AXES
 from fairseq_plugins.models.layer_stack import TorchScriptUnsupportedError
 
+from .grid_sample import axis_flags, choice_sample, combo_id
 from .helpers import TinyTask, build_model, random_batch
 
 # every family and fairseq's transformer as the Pre-LN baseline (transformer_postln is the same class);
@@ -36,24 +41,38 @@ def script_and_reload(module):
     return torch.jit.load(buffer)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
-    task = TinyTask()
-    extra = ["--guidance", "all"] if arch.startswith("crossformer") else []
-    if arch == "normformer_fairseq":
-        arch, extra = "normformer_e6d6", ["--normformer-impl", "fairseq"]
-    model = build_model(arch, SHAPE + extra, task=task)
+# per axis choice of residual_axes: None = it scripts, else the class TorchScriptUnsupportedError names. A
+# combination scripts when all its choices do; else the first refusing choice in axis order names the class (the
+# wiring's refusal is the model's own __prepare_scriptable__, which runs before its encoder's). The layers of
+# admin, b2t and normformer record residual sites with try/finally and **kwargs; the layer-stack aggregations
+# thread state through hooks (docs/layer_pruning_torchscript.md).
+LAYER_STACK = {"dca": "DCAEncoder", "dca-k": "DCAEncoder", "denseformer": "DenseFormerEncoder", "dlcl": "DLCLEncoder",
+               "laurel-rw": "LaurelEncoder", "laurel-lr": "LaurelEncoder", "laurel-pa": "LaurelEncoder",
+               "hc-static": "HCEncoder", "hc-dynamic": "HCEncoder"}  # fmt: skip
+TORCHSCRIPT: dict[str, dict[str, str | None]] = {
+    "residual": {"pre": None, "post": None, "resi-dual": None, "deepnet": None, "tfixup": None,
+                 "admin": "AxesTransformerModel", "b2t": "AxesTransformerModel", "normformer": "AxesTransformerModel"},
+    "depth_aggregation": {"none": None, **LAYER_STACK},
+    "tying": {"none": None, "key-query": None, "ffn": None, "value": None, "all": None},
+    "norm": {"layernorm": None, "rmsnorm": None},
+}  # fmt: skip
+SAMPLE = choice_sample()
+
+
+def check_scripts_or_refuses(model, task, refuses: str | None, script_generator: bool = True):
     generator = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=8)
     src, lengths, prev = random_batch(model, batch=3, src_len=7)
-    if arch in REFUSES and not extra:
+    if refuses:
         # not scriptable yet: a clear refusal naming the class, before any compiling, for the generator too
         for module in (model, generator):
-            with pytest.raises(TorchScriptUnsupportedError, match=f"{REFUSES[arch]} cannot be exported with TorchScript"):
+            with pytest.raises(TorchScriptUnsupportedError, match=f"{refuses} cannot be exported with TorchScript"):
                 torch.jit.script(module)
         return
     scripted_model = script_and_reload(model)
     with torch.no_grad():
         torch.testing.assert_close(scripted_model(src, lengths, prev)[0], model(src, lengths, prev)[0])
+    if not script_generator:
+        return
 
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
     with torch.no_grad():
@@ -64,3 +83,27 @@ def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
         torch.testing.assert_close(
             torch.stack([h["score"] for h in scripted_hypos]), torch.stack([h["score"] for h in eager_hypos])
         )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
+    task = TinyTask()
+    extra = ["--guidance", "all"] if arch.startswith("crossformer") else []
+    if arch == "normformer_fairseq":
+        arch, extra = "normformer_e6d6", ["--normformer-impl", "fairseq"]
+    check_scripts_or_refuses(build_model(arch, SHAPE + extra, task=task), task, None if extra else REFUSES.get(arch))
+
+
+def test_every_axis_choice_states_what_torchscript_does():
+    stated = {axis: set(TORCHSCRIPT.get(axis, {})) for axis in AXES}
+    missing = {axis: sorted(set(table) - stated[axis]) for axis, table in tables().items() if set(table) - stated[axis]}
+    assert not missing, f"say in TORCHSCRIPT whether these choices script (and check the docs page): {missing}"
+
+
+@pytest.mark.parametrize("combo", SAMPLE, ids=[combo_id(c) for c in SAMPLE])
+def test_axis_combinations_script_or_refuse_as_their_choices_say(combo):
+    task = TinyTask()
+    refuses = next((TORCHSCRIPT[axis][combo[axis]] for axis in AXES if TORCHSCRIPT[axis][combo[axis]]), None)
+    # the scripted generator (3-4 s each) is the family test's: a choice that scripts changes no decoding code
+    model = build_model("residual_axes", SHAPE + axis_flags(combo), task=task)
+    check_scripts_or_refuses(model, task, refuses, script_generator=False)

@@ -196,7 +196,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
                 f"{type(self).__name__} cannot be exported with TorchScript (torch.jit.script): the layers of "
                 f"{self.plan.residual.label()} record the residual sites in forward with try/finally and **kwargs, "
                 "which TorchScript cannot compile. Translate with the eager model (fairseq-generate, "
-                "fairseq-interactive, from_pretrained); see the README, 'Layer pruning and TorchScript'"
+                "fairseq-interactive, from_pretrained); see docs/layer_pruning_torchscript.md"
             )
         return self
 

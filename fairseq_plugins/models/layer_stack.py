@@ -38,8 +38,7 @@ def _refuse_unless_scriptable(module: torch.nn.Module) -> torch.nn.Module:
         raise TorchScriptUnsupportedError(
             f"{type(module).__name__} cannot be exported with TorchScript (torch.jit.script): "
             f"{module.torchscript_unsupported_reason}. Translate with the eager model "
-            "(fairseq-generate, fairseq-interactive, from_pretrained); see the README, 'Layer pruning and "
-            "TorchScript'"
+            "(fairseq-generate, fairseq-interactive, from_pretrained); see docs/layer_pruning_torchscript.md"
         )
     return module
 

@@ -42,7 +42,8 @@ def check_architecture(arch: str) -> str:
     if re.search(r"(^|_)lm(_|$)", arch):
         raise RecipeError(
             f"{arch!r} (ARCH) is a decoder-only language model, not a translation architecture: train it on a "
-            "language-modeling corpus (recipes/prepare_lm.sh) with recipes/train_lm.sh, or compare language models "
+            f"language-modeling corpus (recipes/prepare_lm.sh) with recipes/train_lm.sh {arch} DATASET, or compare "
+            "language models "
             "with LM=1 bash recipes/study.sh (docs/language_models.md)"
         )
     archs = registered_architectures()

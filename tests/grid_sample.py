@@ -1,0 +1,76 @@
+"""Which working combinations of the axes grid (fairseq_plugins/axes/grid.py) a test that trains or exports real
+models runs: all of them with ALL_FAMILIES=1, else a small deterministic sample in which every choice of every
+axis appears at least once, beside what the test already covers (e.g. CI's trained families, whose own choices
+need no second run). Greedy set cover in the grid's enumeration order, so the sample only changes when the axes
+do (a new choice adds at most one combination)."""
+
+import os
+
+from fairseq_plugins.axes.grid import AXES, combinations, refusal
+
+
+def working() -> list[dict[str, str]]:
+    return [c for c in combinations() if refusal(c) is None]
+
+
+def choices_of(combo: dict[str, str]) -> set[tuple[str, str]]:
+    return {(axis, combo[axis]) for axis in AXES}
+
+
+def covering_sample(covered: set[tuple[str, str]] = frozenset()) -> list[dict[str, str]]:
+    """Working combinations that together hold every choice some working combination holds, not in ``covered``:
+    each step takes the first combination with the most choices still missing."""
+    grid = working()
+    missing = set().union(*map(choices_of, grid)) - set(covered)
+    sample = []
+    while missing:
+        best = max(grid, key=lambda c: len(choices_of(c) & missing))  # max keeps the first of equals
+        sample.append(best)
+        missing -= choices_of(best)
+    return sample
+
+
+def grid_sample(covered: set[tuple[str, str]] = frozenset(), limit: int | None = None) -> list[dict[str, str]]:
+    """The whole working grid with ALL_FAMILIES=1; else the covering sample, cut to its first ``limit``
+    combinations (those that add the most choices) where a test costs a subprocess run per combination."""
+    if os.environ.get("ALL_FAMILIES") == "1":
+        return working()
+    return covering_sample(covered)[:limit]
+
+
+def family_choices(archs) -> set[tuple[str, str]]:
+    """The axis choices the presets ``archs`` build (their family's row of models/families.py)."""
+    from .helpers import parse_model_args
+
+    return set().union(*(choices_of(vars(parse_model_args(arch))) for arch in archs))
+
+
+def axis_flags(combo: dict[str, str]) -> list[str]:
+    """``--residual R --depth-aggregation A --tying T --norm N`` for ``--arch residual_axes``."""
+    return [f for axis, name in combo.items() for f in ("--" + axis.replace("_", "-"), name)]
+
+
+def combo_id(combo: dict[str, str]) -> str:
+    return "/".join(combo.values())
+
+
+def one_choice_each() -> list[dict[str, str]]:
+    """Every choice alone, the other axes at ``residual_axes``'s defaults, where that combination works: what
+    each choice does by itself."""
+    from fairseq_plugins.axes import tables
+
+    from .helpers import parse_model_args
+
+    defaults = {axis: getattr(parse_model_args("residual_axes"), axis) for axis in AXES}
+    grid = working()
+    star = [{**defaults, axis: name} for axis, table in tables().items() for name in table]
+    return [c for i, c in enumerate(star) if c in grid and c not in star[:i]]
+
+
+def choice_sample() -> list[dict[str, str]]:
+    """``one_choice_each`` and then ``covering_sample``'s combinations of several choices (the whole grid with
+    ALL_FAMILIES=1): for tests that state per choice what happens and check that combinations follow."""
+    if os.environ.get("ALL_FAMILIES") == "1":
+        return working()
+    star = one_choice_each()
+    return star + [c for c in covering_sample() if c not in star]
