@@ -123,3 +123,17 @@ COMBINATIONS: dict[str, dict[str, str]] = {
 }
 for _prefix, _settings in COMBINATIONS.items():
     register_family(_prefix, MODEL, axes_architecture, _settings)
+
+# the 2024-26 ideas of issue 27 (docs/axes.md): each a Pre-LN model with one axis changed
+NEW_IDEAS: dict[str, dict[str, str]] = {
+    "layerscale": {"residual": "layerscale"},
+    "rezero": {"residual": "rezero"},
+    "ortho": {"residual": "orthogonal"},
+    "periln": {"residual": "peri"},
+    "mixln": {"residual": "mix"},
+    "hybridnorm": {"residual": "hybrid"},
+    "dyt": {"residual": "pre", "norm": "dyt"},
+    "derf": {"residual": "pre", "norm": "derf"},
+}
+for _prefix, _settings in NEW_IDEAS.items():
+    register_family(_prefix, MODEL, axes_architecture, _settings)
