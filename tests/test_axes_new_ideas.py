@@ -25,7 +25,7 @@ from .helpers import (
     random_batch,
 )
 
-FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "dyt", "derf")
+FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"]
 
 
@@ -37,7 +37,7 @@ def test_incremental_equals_full_and_checkpoint_round_trip(family):
             p.add_(0.01 * torch.randn_like(p))
     batch = random_batch(model)
     full, incremental = full_and_incremental_logits(copy.deepcopy(model).double(), *batch)
-    torch.testing.assert_close(incremental, full, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-6)  # fairseq softmaxes attention in float32
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     buffer.seek(0)
@@ -186,6 +186,95 @@ def test_refusals_name_both_choices(extra, names):
     with pytest.raises(IncompatibleChoices) as err:
         build_model("residual_axes", [*SHAPE, *extra])
     assert str(err.value).startswith(f"{names[0]} cannot be combined with {names[1]}: ")
+
+
+def test_value_residual_mixes_the_first_layers_values_in_every_stack():
+    """V'_n = 0.5 V_1 + 0.5 V_n (ResFormer, identity mode) in encoder and decoder self-attention, float64."""
+    model = build_model("value_residual_e6d6", [*SHAPE, "--value-residual-cross"]).double()
+    for side, attr in (("encoder", "self_attn"), ("decoder", "self_attn"), ("decoder", "encoder_attn")):
+        projections = [getattr(layer, attr).v_proj for layer in getattr(model, side).layers]
+        raw, mixed = [], []
+
+        def record(m, i, o, raw=raw, mixed=mixed):
+            raw.append(m.weight @ i[0].unsqueeze(-1))
+            mixed.append(o)
+
+        hooks = [p.register_forward_hook(record) for p in projections]
+        with torch.no_grad():
+            model(*random_batch(model))
+        for h in hooks:
+            h.remove()
+        v1 = raw[0].squeeze(-1) + projections[0].bias
+        for n in range(1, len(projections)):
+            vn = raw[n].squeeze(-1) + projections[n].bias
+            torch.testing.assert_close(mixed[n], 0.5 * v1 + 0.5 * vn)
+        torch.testing.assert_close(mixed[0], v1)
+        assert not projections[0].store  # V_1 is not kept after the forward pass
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--tying", "value"], "--value-residual both cannot be combined with --tying value: "),
+    (["--residual", "hybrid"], "--value-residual both cannot be combined with --residual hybrid: "),
+    (["--value-residual-mode", "token", "--value-residual-cross"], "--value-residual-cross cannot be used with"),
+])  # fmt: skip
+def test_value_residual_refusals(extra, message):
+    with pytest.raises(PluginOptionError, match=message):
+        build_model("value_residual_e6d6", [*SHAPE, *extra])
+    with pytest.raises(PluginOptionError, match="--value-residual-cross needs"):
+        build_model("residual_axes", [*SHAPE, "--value-residual-cross"])
+
+
+@pytest.mark.parametrize(("family", "atol"), [("mhc", 1e-4), ("mhc_lite", 1e-4), ("frac", 0), ("mudd", 0)])
+def test_stream_models_are_the_pre_ln_model_at_init(family, atol):
+    """On the Pre-LN model's weights (the layers keep its parameter names; the new parameters at their init),
+    frac-connections (eq. 15) and MUDD (current_only) compute the Pre-LN model exactly, mHC with its preln bias
+    init up to LayerNorm's eps on the 1.54x branch input (every stream equals the Pre-LN state)."""
+    pre = build_model("transformer_preln_e6d6", SHAPE, seed=3)
+    model = build_model(f"{family}_e6d6", SHAPE, seed=4)
+    result = model.load_state_dict(pre.state_dict(), strict=False)
+    assert not result.unexpected_keys
+    new = (".hc.", "hc_version", ".mudd.", "key_layer_norm", "value_layer_norm")
+    assert all(any(part in k for part in new) for k in result.missing_keys), result.missing_keys
+    batch = random_batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(*batch)[0], pre(*batch)[0], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("family", ["attnres", "attnres_block"])
+def test_attnres_reads_the_uniform_average_of_its_sources_at_init(family):
+    """Every pseudo-query w_l = 0 (section 5): every sublayer input and the stack output are the plain mean of
+    the sources (the embedding and the earlier outputs or block sums), in float64."""
+    model = build_model(f"{family}_e6d6", SHAPE).double()
+    reads = []
+    for side in (model.encoder, model.decoder):
+        ar = side.attn_res
+        assert not ar.queries.any()
+        original = ar.read
+
+        def read(index, state, original=original):
+            sources = [*state.blocks, *([state.partial] if state.partial is not None else [])]
+            out = original(index, state)
+            reads.append((out, torch.stack(sources).mean(0)))
+            return out
+
+        ar.read = read
+    with torch.no_grad():
+        model(*random_batch(model))
+    assert len(reads) == (4 * 2 + 1) + (4 * 3 + 1)
+    for out, mean in reads:
+        torch.testing.assert_close(out, mean)
+
+
+def test_attnres_block_size_errors():
+    with pytest.raises(PluginOptionError, match="--attnres-block-size must be 1 with --depth-aggregation attnres"):
+        build_model("attnres_e6d6", [*SHAPE, "--attnres-block-size", "2"])
+    model = build_model("attnres_block_e6d6", [*SHAPE, "--attnres-block-size", "3"])
+    assert model.decoder.attn_res.block_size == 3
+
+
+def test_mhc_lite_rate_is_limited(capsys):
+    with pytest.raises(PluginOptionError, match=r"--mhc-rate must be in \[1, 5\] with --depth-aggregation mhc-lite"):
+        build_model("mhc_lite_e6d6", [*SHAPE, "--mhc-rate", "6"])
 
 
 def test_presets_set_the_new_axes():

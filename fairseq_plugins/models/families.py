@@ -134,6 +134,13 @@ NEW_IDEAS: dict[str, dict[str, str]] = {
     "hybridnorm": {"residual": "hybrid"},
     "dyt": {"residual": "pre", "norm": "dyt"},
     "derf": {"residual": "pre", "norm": "derf"},
+    "value_residual": {"residual": "pre", "value_residual": "both"},
+    "mhc": {"depth_aggregation": "mhc"},
+    "mhc_lite": {"depth_aggregation": "mhc-lite"},
+    "frac": {"depth_aggregation": "frac"},
+    "attnres": {"depth_aggregation": "attnres"},
+    "attnres_block": {"depth_aggregation": "attnres-block"},
+    "mudd": {"depth_aggregation": "mudd"},
 }
 for _prefix, _settings in NEW_IDEAS.items():
     register_family(_prefix, MODEL, axes_architecture, _settings)
