@@ -121,7 +121,7 @@ class Mix(Residual):
     def prepare(cls, model) -> None:
         # fairseq's layers read normalize_before in forward: the leading layers become Post-LN with their own norms
         for side in ("encoder", "decoder"):
-            layers = getattr(model, side).layers
+            layers = getattr(getattr(model, side), "layers", None) or []  # an LM's NoEncoder has none
             for layer in list(layers)[: mix_ln_post_layers(len(layers), model.args.mix_ln_alpha)]:
                 layer.normalize_before = False
 
