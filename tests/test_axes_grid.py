@@ -107,3 +107,24 @@ def test_docs_grid_is_up_to_date():
     assert (REPO / "docs" / "grid.md").read_text() == grid_table.markdown(), (
         "docs/grid.md is stale: python scripts/analysis/grid_table.py > docs/grid.md"
     )
+
+
+def test_the_ci_subset_covers_every_pair_and_every_refusal():
+    """Every pair of choices that some working combination holds is held by a working combination of
+    ``covering()``, and every refused pair is refused by one of its combinations."""
+    from fairseq_plugins.axes.grid import _names, _pairs
+
+    chosen = covering()
+    everything = combinations()
+    working = [c for c in everything if refusal(c) is None]
+    assert set().union(*(_pairs(c) for c in working)) <= set().union(*(_pairs(c) for c in chosen if refusal(c) is None))
+
+    def refused_pairs(combos):
+        out = set()
+        for c in combos:
+            reason = refusal(c)
+            if reason is not None:
+                out.add(tuple(sorted((a, n) for a, n in c.items() if _names(reason, a, n))))
+        return out
+
+    assert refused_pairs(everything) == refused_pairs(chosen)
