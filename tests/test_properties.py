@@ -31,7 +31,8 @@ def configurations(draw):
         arch, axes = "residual_axes", [f for a, n in combo.items() for f in ("--" + a.replace("_", "-"), n)]
     heads = draw(st.sampled_from([1, 2, 4]))
     dim = heads * draw(st.sampled_from([4, 8]))  # sinusoidal positions need dim >= 4
-    args = ["--encoder-layers", str(draw(st.integers(1, 4))), "--decoder-layers", str(draw(st.integers(1, 4))),
+    least = 2 if arch == "dca_k2_e6d6" else 1  # k = 2 needs a stack of 2 layers (check_dca_args)
+    args = ["--encoder-layers", str(draw(st.integers(least, 4))), "--decoder-layers", str(draw(st.integers(1, 4))),
             "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
             "--encoder-ffn-embed-dim", str(draw(st.sampled_from([4, 16, 32]))),
             "--decoder-ffn-embed-dim", str(draw(st.sampled_from([4, 16, 32]))),

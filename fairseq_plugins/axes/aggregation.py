@@ -316,6 +316,11 @@ class HCDynamic(HyperConnections):
     name, mode = "hc-dynamic", "dynamic"
 
 
+# after Aggregation: they subclass it
+from .aggregation_streams import STREAM_AGGREGATIONS
+
 AGGREGATIONS: dict[str, type[Aggregation]] = {
-    c.name: c for c in (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic)
-}
+    c.name: c
+    for c in (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic,
+              *STREAM_AGGREGATIONS)
+}  # fmt: skip

@@ -9,6 +9,12 @@ constructor plus one Choice here.
 
     layernorm   LN(x) = (x - mean) / sqrt(var + eps) * g + b        (Ba et al. 2016; fairseq's default)
     rmsnorm     RMS(x) = x / sqrt(mean(x^2) + eps) * g              (Zhang & Sennrich 2019, arXiv:1910.07467)
+    dyt         DyT(x) = g * tanh(alpha x) + b, alpha_0 0.5          (Zhu et al. 2025, arXiv:2503.10622)
+    derf        Derf(x) = g * erf(alpha x + s) + b, alpha_0 0.5     (Chen et al. 2025, arXiv:2512.10938)
+
+DyT and Derf are element-wise and bounded (|y| <= |g| + |b|), so they need no float32 region under autocast
+(modules/dyt.py, modules/derf.py); they replace every LayerNorm, cross-attention's and the stack-final ones
+included, as the papers replace every norm.
 """
 
 from torch import nn
@@ -36,6 +42,26 @@ class RMSNorm(Norm):
         return nn.RMSNorm(normalized_shape, eps=eps)
 
 
+class DyT(Norm):
+    name, source = "dyt", "DyT (Zhu et al., CVPR 2025, arXiv:2503.10622)"
+
+    @classmethod
+    def make(cls, normalized_shape, eps: float) -> nn.Module:
+        from ..modules.dyt import DynamicTanh
+
+        return DynamicTanh(normalized_shape, eps)
+
+
+class Derf(Norm):
+    name, source = "derf", "Derf (Chen et al. 2025, arXiv:2512.10938)"
+
+    @classmethod
+    def make(cls, normalized_shape, eps: float) -> nn.Module:
+        from ..modules.derf import DynamicErf
+
+        return DynamicErf(normalized_shape, eps)
+
+
 def replace_norms_(module: nn.Module, norm: type[Norm]) -> int:
     """Replace every nn.LayerNorm under ``module`` by ``norm.make``; returns how many were replaced."""
     if norm is LayerNorm:
@@ -48,4 +74,4 @@ def replace_norms_(module: nn.Module, norm: type[Norm]) -> int:
     return len(found)
 
 
-NORMS: dict[str, type[Norm]] = {c.name: c for c in (LayerNorm, RMSNorm)}
+NORMS: dict[str, type[Norm]] = {c.name: c for c in (LayerNorm, RMSNorm, DyT, Derf)}

@@ -13,6 +13,7 @@ tying), may keep model-level state (``prepare``, ``before_forward``), and may ow
     tfixup        modules/residual_wiring.py (T-Fixup, ICML 2020): no LayerNorm, depth-scaled init
     b2t           modules/residual_wiring.py (B2T, Findings of ACL 2023): the layer input joins the last sum
     normformer    modules/normformer.py (NormFormer, arXiv:2110.09456): Pre-LN plus three extra operations
+    layerscale, rezero, orthogonal, peri, mix, hybrid: the 2024-26 ideas, axes/residual_sites.py
 
 A residual-site hook for the next ideas (LayerScale, ReZero, an orthogonal update): a layer class that
 overrides fairseq's one-line ``residual_connection(x, residual)`` (or ``SiteResidual.combine(site, x,
@@ -384,6 +385,9 @@ def _profile_on_first_training_batch(model, args, kwargs):
         model.profile_admin(*args, **kwargs)
 
 
+# after Residual: they subclass it
+from .residual_sites import SITE_RESIDUALS
+
 RESIDUALS: dict[str, type[Residual]] = {
-    c.name: c for c in (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer)
+    c.name: c for c in (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer, *SITE_RESIDUALS)
 }

@@ -1,9 +1,10 @@
 """``residual_axes``: one encoder-decoder model whose residual ideas are choices on four axes.
 
-    --residual {pre,post,resi-dual,deepnet,admin,tfixup,b2t,normformer}
+    --residual {pre,post,resi-dual,deepnet,admin,tfixup,b2t,normformer,layerscale,rezero,orthogonal,peri,mix,hybrid}
     --depth-aggregation {none,dca,dca-k,denseformer,dlcl,laurel-rw,laurel-lr,laurel-pa,hc-static,hc-dynamic}
     --tying {none,key-query,ffn,value,all}
-    --norm {layernorm,rmsnorm}
+    --norm {layernorm,rmsnorm,dyt,derf}
+    --value-residual {none,decoder,both} (an option beside the axes: axes/value_residual.py)
 
 The axes and their interfaces are in ``fairseq_plugins/axes/`` (docs/axes.md); every named architecture of the
 plugin is a row of the preset table (presets.py) that sets axis choices for this model. The build, in order:
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from .. import axes
 from ..axes import norm as norm_axis
+from ..axes import value_residual
 from ..modules.cross_layer_guidance import (
     NORMS as GUIDANCE_NORMS,
 )
@@ -80,6 +82,7 @@ def add_axis_args(parser) -> None:
             if choice.add_args.__func__ not in added:
                 added.add(choice.add_args.__func__)
                 choice.add_args(parser)
+    value_residual.add_args(parser)
     parser.add_argument(
         "--guidance", type=argparse_type(check_soft_guidance, "guidance"), metavar="BLOCKS",
         help="Crossformer soft guidance (eq. 1-2): which adjacent-layer pairs the criterion "
@@ -96,6 +99,7 @@ def axes_architecture(args) -> None:
     """Fill every axis (defaults of ``residual_axes``) and each chosen idea's options, then fairseq's."""
     axes.set_defaults(args, AXIS_DEFAULTS)
     axes.set_defaults(args, {"guidance": "none", "guidance_norm": "l2"})
+    value_residual.defaults(args)
     try:
         plan = plan_of(args)
     except PluginOptionError:
@@ -126,6 +130,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         axes.check_compatible(plan)  # first: a refused pair is named as such, not by one choice's own checks
         for choice in plan.choices():
             choice.check(args)
+        value_residual.check(args, plan)
         args.guidance = check_soft_guidance("guidance", args.guidance)
         args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, GUIDANCE_NORMS)
         if plan.tying.blocks and getattr(args, "ddp_backend", None) == "fully_sharded":
@@ -142,6 +147,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         norm_axis.replace_norms_(model.encoder, plan.norm)
         norm_axis.replace_norms_(model.decoder, plan.norm)
         plan.residual.initialize(model, args)
+        value_residual.attach(model, args)
         for side in SIDES:
             tie_pairs(getattr(model, side).layers, model.tied_pairs[side])
         # again after the norm axis replaced the LayerNorms: the new norms run in float32 too

@@ -123,3 +123,24 @@ COMBINATIONS: dict[str, dict[str, str]] = {
 }
 for _prefix, _settings in COMBINATIONS.items():
     register_family(_prefix, MODEL, axes_architecture, _settings)
+
+# the 2024-26 ideas of issue 27 (docs/axes.md): each a Pre-LN model with one axis changed
+NEW_IDEAS: dict[str, dict[str, str]] = {
+    "layerscale": {"residual": "layerscale"},
+    "rezero": {"residual": "rezero"},
+    "ortho": {"residual": "orthogonal"},
+    "periln": {"residual": "peri"},
+    "mixln": {"residual": "mix"},
+    "hybridnorm": {"residual": "hybrid"},
+    "dyt": {"residual": "pre", "norm": "dyt"},
+    "derf": {"residual": "pre", "norm": "derf"},
+    "value_residual": {"residual": "pre", "value_residual": "both"},
+    "mhc": {"depth_aggregation": "mhc"},
+    "mhc_lite": {"depth_aggregation": "mhc-lite"},
+    "frac": {"depth_aggregation": "frac"},
+    "attnres": {"depth_aggregation": "attnres"},
+    "attnres_block": {"depth_aggregation": "attnres-block"},
+    "mudd": {"depth_aggregation": "mudd"},
+}
+for _prefix, _settings in NEW_IDEAS.items():
+    register_family(_prefix, MODEL, axes_architecture, _settings)

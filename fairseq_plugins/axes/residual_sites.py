@@ -1,0 +1,148 @@
+"""The 2024-26 residual-site ideas as ``--residual`` choices (their table entries are added to RESIDUALS).
+
+    layerscale   x <- x + diag(lambda) F(LN(x)), lambda_0 = CaiT's eps(depth)   modules/layer_scale.py
+    rezero       x <- x + alpha F(x), alpha_0 = 0, no sublayer norms            modules/rezero.py
+    orthogonal   x <- x + (f - <x,f>/(|x|^2+eps) x), f = F(LN(x)), per token    modules/orthogonal_residual.py
+    peri         x <- x + LN_out(F(LN_in(x)))  (Peri-LN = Sandwich-LN)          modules/norm_placement.py
+    mix          Mix-LN: the first floor(0.25 L) layers of each stack Post-LN   modules/norm_placement.py
+    hybrid       HybridNorm: Q/K/V norms in attention, FFN x <- N(x) + FFN(N(x)) modules/hybrid_norm.py
+
+Why these are residual choices and not a separate branch-update axis: each paper defines its update on a
+Pre-LN layer (LayerScale, orthogonal) or replaces the layer's norm placement (ReZero, Peri, Mix, Hybrid), the
+same part of the model (the layer's forward) that DeepNet, Admin, B2T, ... own. Composing LayerScale or the
+orthogonal update with Post-LN/DeepNet/Admin would be a model none of the papers describe (a scaled branch
+inside a normalised sum); so one switch, one owner of the layer (``owns = {"layer"}``), and they compose with
+every stack that treats a layer as a black box (DenseFormer, DLCL, LAuReL), with tying and with the norm axis.
+All keep fairseq's stack-final LayerNorm (``pre_ln``), as the papers keep their final norm.
+"""
+
+from ..modules import site_layers as sl
+from ..modules.layer_scale import LayerScale, cait_eps
+from ..modules.norm_placement import mix_ln_post_layers
+from ..modules.orthogonal_residual import OrthogonalResidual
+from ..modules.rezero import ReZeroGate
+from ..validation import argparse_type, check_float
+from . import set_defaults
+from .residual import Residual
+
+
+class _SiteUpdate(Residual):
+    owns, torchscript = frozenset({"layer"}), False  # SiteResidual layers (residual_wiring.py)
+    sublayer_norms = True
+
+    @classmethod
+    def update(cls, embed_dim: int, depth: int, args):
+        raise NotImplementedError
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        dim, depth = args.encoder_embed_dim, args.encoder_layers
+        return sl.SiteUpdateEncoderLayer(cfg, lambda site: cls.update(dim, depth, args), cls.sublayer_norms)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        dim, depth = args.decoder_embed_dim, args.decoder_layers
+        return sl.SiteUpdateDecoderLayer(
+            cfg, no_encoder_attn, lambda site: cls.update(dim, depth, args), cls.sublayer_norms
+        )
+
+
+class LayerScaleChoice(_SiteUpdate):
+    name, source = "layerscale", "LayerScale (CaiT, Touvron et al. 2021, arXiv:2103.17239, section 2)"
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--layerscale-init", type=argparse_type(check_float, "layerscale_init", 0.0, 1.0), metavar="EPS",
+            help="LayerScale's initial lambda, 0 <= eps <= 1 (default: CaiT section 2's rule per stack depth L: "
+            "0.1 for L <= 18, 1e-5 for L <= 24, 1e-6 deeper)",
+        )  # fmt: skip
+
+    @classmethod
+    def check(cls, args) -> None:
+        if getattr(args, "layerscale_init", None) is not None:
+            args.layerscale_init = check_float("layerscale_init", args.layerscale_init, 0.0, 1.0)
+        super().check(args)
+
+    @classmethod
+    def update(cls, embed_dim, depth, args):
+        init = getattr(args, "layerscale_init", None)
+        return LayerScale(embed_dim, cait_eps(depth) if init is None else init)
+
+
+class ReZero(_SiteUpdate):
+    name, source = "rezero", "ReZero (Bachlechner et al. 2020, arXiv:2003.04887, eq. 1, section 5)"
+    sublayer_norms = False
+
+    @classmethod
+    def update(cls, embed_dim, depth, args):
+        return ReZeroGate()
+
+
+class Orthogonal(_SiteUpdate):
+    name, source = "orthogonal", "orthogonal residual update (Oh et al., NeurIPS 2025, arXiv:2505.11881)"
+
+    @classmethod
+    def update(cls, embed_dim, depth, args):
+        return OrthogonalResidual()
+
+
+class Peri(_SiteUpdate):
+    name, source = "peri", "Peri-LN (arXiv:2502.02732, eq. 3) = Sandwich-LN (CogView, arXiv:2105.13290)"
+
+    @classmethod
+    def update(cls, embed_dim, depth, args):
+        return sl.PeriOutput(embed_dim)
+
+
+class Mix(Residual):
+    name, source = "mix", "Mix-LN (Li et al. 2024, arXiv:2412.13795; alpha 0.25 as the authors' scripts)"
+    owns = frozenset({"layer"})
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument(
+            "--mix-ln-alpha", type=argparse_type(check_float, "mix_ln_alpha", 0.0, 1.0), metavar="A",
+            help="Mix-LN: the first floor(A L) layers of each stack are Post-LN, the rest Pre-LN, 0 <= A <= 1 "
+            "(default 0.25, the authors' POST_NUM 3 of 12)",
+        )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults(args, {"mix_ln_alpha": 0.25})
+        super().defaults(args)
+
+    @classmethod
+    def check(cls, args) -> None:
+        args.mix_ln_alpha = check_float("mix_ln_alpha", args.mix_ln_alpha, 0.0, 1.0)
+        super().check(args)
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        # fairseq's layers read normalize_before in forward: the leading layers become Post-LN with their own norms
+        for side in ("encoder", "decoder"):
+            layers = getattr(getattr(model, side), "layers", None) or []  # an LM's NoEncoder has none
+            for layer in list(layers)[: mix_ln_post_layers(len(layers), model.args.mix_ln_alpha)]:
+                layer.normalize_before = False
+
+
+class Hybrid(Residual):
+    name, source = "hybrid", "HybridNorm (Zhuo et al. 2025, arXiv:2503.04598)"
+    owns, torchscript = frozenset({"layer"}), False
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if other.axis == "tying" and {"key-query", "value"} & set(other.blocks):
+            return "HybridNorm wraps q/k/v_proj with per-head norms, which tying would share as bare Linears"
+        return None
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        return sl.HybridEncoderLayer(cfg)
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        return sl.HybridDecoderLayer(cfg, no_encoder_attn)
+
+
+SITE_RESIDUALS = (LayerScaleChoice, ReZero, Orthogonal, Peri, Mix, Hybrid)

@@ -1,0 +1,93 @@
+"""``--value-residual``: ResFormer's value residual (arXiv:2410.17897; modules/value_residual.py) on the model,
+an option beside the four axes rather than a fifth axis: it changes only each attention's v_proj, so it
+composes with every residual wiring, aggregation and norm whose attentions are fairseq's plain
+MultiheadAttention, and it is refused (naming both) where another choice already owns v_proj.
+
+    none      off (default)
+    decoder   decoder self-attention: layers n >= 2 attend over V'_n = lambda_1 V_1 + lambda_2 V_n
+    both      encoder self-attention too (each stack mixes in its own first layer's values)
+
+``--value-residual-cross`` adds decoder cross-attention (V_1 = decoder layer 1's encoder-side values; off by
+default: the paper has no cross-attention). ``--value-residual-mode`` is the module's mode (identity: the
+paper's and the authors' code's fixed 0.5/0.5, default; learnable: Learnable-ResFormer; token: x-transformers'
+per-token gate, refused on cross-attention). The mix happens inside v_proj, before fairseq caches the values,
+so incremental decoding equals full decoding and beam reordering needs nothing extra.
+"""
+
+from ..modules.value_residual import MODES, attach_value_residual
+from ..validation import PluginOptionError, argparse_type, check_bool, check_choice
+
+SIDES = ("none", "decoder", "both")
+
+
+def add_args(parser) -> None:
+    parser.add_argument(
+        "--value-residual", type=argparse_type(check_choice, "value_residual", SIDES), metavar="WHERE",
+        help="value residual (ResFormer, arXiv:2410.17897): none (default), decoder (decoder self-attention, as "
+        "the paper's decoder-only models) or both (encoder self-attention too)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--value-residual-mode", type=argparse_type(check_choice, "value_residual_mode", MODES), metavar="MODE",
+        help="identity (default: lambda = 0.5, 0.5, the paper and the authors' code), learnable "
+        "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); "
+        "constant needs lambdas and is available on the module only",
+    )  # fmt: skip
+    parser.add_argument(
+        "--value-residual-cross", type=argparse_type(check_bool, "value_residual_cross"), nargs="?", const=True,
+        metavar="BOOL",
+        help="also mix decoder layer 1's cross-attention values into later layers' (default false: the paper "
+        "has no cross-attention); not with --value-residual-mode token",
+    )  # fmt: skip
+
+
+def defaults(args) -> None:
+    for key, value in (("value_residual", "none"), ("value_residual_mode", "identity"), ("value_residual_cross", False)):
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def check(args, plan) -> None:
+    args.value_residual = check_choice("value_residual", args.value_residual, SIDES)
+    args.value_residual_mode = check_choice("value_residual_mode", args.value_residual_mode, MODES)
+    args.value_residual_cross = check_bool("value_residual_cross", args.value_residual_cross)
+    if args.value_residual == "none":
+        if args.value_residual_cross:
+            raise PluginOptionError("--value-residual-cross needs --value-residual decoder or both")
+        return
+    label = f"--value-residual {args.value_residual}"
+    if args.value_residual_cross and args.value_residual_mode == "token":
+        raise PluginOptionError(
+            "--value-residual-cross cannot be used with --value-residual-mode token: its gate is indexed by "
+            "target position and cross-attention's values by source position; use identity or learnable"
+        )
+    if "value" in plan.tying.blocks:
+        raise PluginOptionError(
+            f"{label} cannot be combined with {plan.tying.label()}: tying shares v_proj between adjacent layers "
+            "as a bare Linear, and the value residual replaces v_proj by its mixing projection"
+        )
+    if plan.residual.name == "hybrid":
+        raise PluginOptionError(
+            f"{label} cannot be combined with {plan.residual.label()}: HybridNorm's N_v and the value residual "
+            "both replace v_proj (modules/hybrid_norm.check_plain_linear)"
+        )
+
+
+def attach(model, args) -> None:
+    """Install the mixes and clear each stack's V_1 after every forward pass (nothing kept alive)."""
+    if args.value_residual == "none":
+        return
+    wired = [("decoder", "self_attn", False)]
+    if args.value_residual == "both":
+        wired.append(("encoder", "self_attn", False))
+    if args.value_residual_cross:
+        wired.append(("decoder", "encoder_attn", True))
+    stores = {}
+    for side, attr, cross in wired:
+        layers = getattr(getattr(model, side, None), "layers", None)
+        if not layers:
+            continue  # a language model's NoEncoder
+        attentions = [getattr(layer, attr) for layer in layers if getattr(layer, attr, None) is not None]
+        stores[side] = attach_value_residual(attentions, args.value_residual_mode, cross_attention=cross,
+                                             store=stores.get(side))  # fmt: skip
+    for side, store in stores.items():
+        getattr(model, side).register_forward_hook(lambda module, inputs, output, store=store: store.clear())

@@ -1,0 +1,99 @@
+"""fairseq's layers with one module per residual site: the layer classes of the 2024-26 residual-site ideas
+on the ``--residual`` axis (axes/residual_sites.py).
+
+A site is one sublayer's residual sum (``residual_wiring.SiteResidual``: self_attn, encoder_attn, ffn).
+``SiteUpdateEncoderLayer``/``SiteUpdateDecoderLayer`` hold ``site_update``, an nn.ModuleDict site -> module
+whose ``forward(x, residual)`` replaces ``residual + x`` (x the dropped-out branch output, fairseq's
+``residual_connection`` order): LayerScale (modules/layer_scale.py), ReZero's gate (modules/rezero.py), the
+orthogonal update (modules/orthogonal_residual.py) and Peri-LN's output norm (``PeriOutput``) all have that
+interface, so one pair of layer classes carries them and no fairseq forward is copied.
+
+ReZero's layers have no sublayer norms (norm_placement ``rezero``): ``drop_sublayer_norms_`` turns them into
+identities, so the norm axis, which replaces nn.LayerNorm modules, leaves them alone. HybridNorm's layers
+(``HybridEncoderLayer``/``HybridDecoderLayer``) drop the attention input norms, put per-head Q/K/V norms in
+every attention (modules/hybrid_norm.py) and take the FFN's residual from its normalised input.
+"""
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from .hybrid_norm import attach_qkv_norms
+from .residual_wiring import (
+    DECODER_SITES,
+    ENCODER_SITES,
+    SiteDecoderLayer,
+    SiteEncoderLayer,
+)
+
+
+class PeriOutput(nn.Module):
+    """Peri-LN's output norm: residual + N_out(x), N_out a LayerNorm of its own (gain 1, bias 0 at init).
+
+    fairseq drops the branch output out before the residual sum, so N_out normalises dropout(F); at inference
+    (no dropout) this is the paper's x + N_out(F(N_in(x))).
+    """
+
+    def __init__(self, embed_dim: int):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        return residual + self.layer_norm(x)
+
+
+def drop_sublayer_norms_(layer: nn.Module) -> None:
+    for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
+        if getattr(layer, name, None) is not None:
+            setattr(layer, name, nn.Identity())
+
+
+class SiteUpdateEncoderLayer(SiteEncoderLayer):
+    def __init__(self, cfg, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True):
+        super().__init__(cfg)
+        self.site_update = nn.ModuleDict({site: make_update(site) for site in ENCODER_SITES})
+        if not sublayer_norms:
+            drop_sublayer_norms_(self)
+
+    def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
+        return self.site_update[site](x, residual)
+
+
+class SiteUpdateDecoderLayer(SiteDecoderLayer):
+    def __init__(self, cfg, no_encoder_attn: bool, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True):
+        super().__init__(cfg, no_encoder_attn)
+        sites = ("self_attn", "ffn") if no_encoder_attn else DECODER_SITES
+        self.site_update = nn.ModuleDict({site: make_update(site) for site in sites})
+        if not sublayer_norms:
+            drop_sublayer_norms_(self)
+
+    def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
+        return self.site_update[site](x, residual)
+
+
+class _Hybrid:
+    """HybridNorm: attention without input norm but with Q/K/V norms; FFN residual N(x) + FFN(N(x))."""
+
+    def _hybridise(self) -> None:
+        self.self_attn_layer_norm = nn.Identity()
+        attach_qkv_norms(self.self_attn)
+        if getattr(self, "encoder_attn", None) is not None:
+            self.encoder_attn_layer_norm = nn.Identity()
+            attach_qkv_norms(self.encoder_attn)
+
+    def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
+        # fairseq keeps the un-normalised sum as the FFN's residual; HybridNorm's residual is N(sum), the FFN's
+        # own input (recomputed here: one norm per layer, no fairseq forward copied)
+        return (self.final_layer_norm(residual) if site == "ffn" else residual) + x
+
+
+class HybridEncoderLayer(_Hybrid, SiteEncoderLayer):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._hybridise()
+
+
+class HybridDecoderLayer(_Hybrid, SiteDecoderLayer):
+    def __init__(self, cfg, no_encoder_attn: bool = False):
+        super().__init__(cfg, no_encoder_attn)
+        self._hybridise()

@@ -1,0 +1,283 @@
+"""Issue 27's residual-site and norm ideas wired as axis choices of ``residual_axes`` (axes/residual_sites.py,
+axes/norm.py): incremental == full decoding, the state at initialisation each paper claims at model level,
+a checkpoint round trip, half precision finite at E36D6 (tiny width), option errors and refusals."""
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from fairseq_plugins.axes import IncompatibleChoices
+from fairseq_plugins.modules.derf import DynamicErf
+from fairseq_plugins.modules.dyt import DynamicTanh
+from fairseq_plugins.modules.hybrid_norm import NormedProjection
+from fairseq_plugins.modules.layer_scale import LayerScale
+from fairseq_plugins.modules.orthogonal_residual import OrthogonalResidual
+from fairseq_plugins.modules.site_layers import PeriOutput
+from fairseq_plugins.validation import PluginOptionError
+
+from .helpers import (
+    build_model,
+    full_and_incremental_logits,
+    parse_model_args,
+    random_batch,
+)
+
+FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
+SHAPE = ["--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_equals_full_and_checkpoint_round_trip(family):
+    model = build_model(f"{family}_e6d6", SHAPE, seed=1)
+    with torch.no_grad():  # move every parameter off its init so the round trip is not trivially equal
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    batch = random_batch(model)
+    full, incremental = full_and_incremental_logits(copy.deepcopy(model).double(), *batch)
+    torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-6)  # fairseq softmaxes attention in float32
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = build_model(f"{family}_e6d6", SHAPE, seed=2)
+    fresh.load_state_dict(torch.load(buffer))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(*batch)[0], model(*batch)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_finite_at_e36d6(family, dtype):
+    model = build_model(f"{family}_e36d6", ["--dropout", "0"]).to(dtype).train()
+    src, lengths, prev = random_batch(model)
+    logits, _ = model(src, lengths, prev)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), prev.flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def _layer_io(model, batch):
+    """(input, output) of every encoder and decoder layer on ``batch``."""
+    seen = []
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o: seen.append((i[0], o[0] if isinstance(o, tuple) else o)))
+        for side in (model.encoder, model.decoder) for layer in side.layers
+    ]  # fmt: skip
+    with torch.no_grad():
+        model(*batch)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_rezero_layers_are_the_identity_at_init():
+    """ReZero eq. 1 with alpha = 0: every layer returns its input; no sublayer norms remain."""
+    model = build_model("rezero_e6d6", SHAPE)
+    for x_in, x_out in _layer_io(model, random_batch(model)):
+        torch.testing.assert_close(x_out, x_in, rtol=0, atol=0)
+    assert not [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm) and ".layers." in n]
+
+
+def test_layerscale_starts_at_caits_eps_per_stack_depth():
+    model = build_model("layerscale_e36d6")
+    enc = {m.scale.unique().item() for m in model.encoder.modules() if isinstance(m, LayerScale)}
+    dec = {m.scale.unique().item() for m in model.decoder.modules() if isinstance(m, LayerScale)}
+    assert enc == {torch.tensor(1e-6).item()} and dec == {torch.tensor(0.1).item()}
+    sites = sum(isinstance(m, LayerScale) for m in model.decoder.modules())
+    assert sites == 6 * 3  # cross-attention has its own lambda
+    model = build_model("layerscale_e6d6", ["--layerscale-init", "0.5"])
+    assert {m.scale.unique().item() for m in model.modules() if isinstance(m, LayerScale)} == {0.5}
+
+
+def _site_calls(model, kind):
+    calls = []
+    hooks = [m.register_forward_hook(lambda m, i, o: calls.append((*i, o))) for m in model.modules() if isinstance(m, kind)]
+    with torch.no_grad():
+        model.double()(*random_batch(model))
+    for h in hooks:
+        h.remove()
+    return calls
+
+
+def test_orthogonal_update_is_orthogonal_to_the_stream_per_token():
+    model = build_model("ortho_e6d6", SHAPE)
+    calls = _site_calls(model, OrthogonalResidual)
+    assert len(calls) == 4 * 2 + 4 * 3
+    for f, stream, out in calls:
+        update = out - stream
+        cos = (update * stream).sum(-1) / (update.norm(dim=-1) * stream.norm(dim=-1) + 1e-30)
+        assert cos.abs().max() < 1e-5  # eps = 1e-6 in the denominator: orthogonal up to eps / |x|^2
+        par = (stream * f).sum(-1, keepdim=True) / (stream.square().sum(-1, keepdim=True) + 1e-6) * stream
+        torch.testing.assert_close(out, stream + f - par)  # the paper's equation, float64
+
+
+def test_peri_ln_adds_a_normalised_branch():
+    """x + LN_out(F(LN_in(x))): at init (gain 1, bias 0) every update has mean 0 and variance 1 per token."""
+    model = build_model("periln_e6d6", SHAPE)
+    calls = _site_calls(model, PeriOutput)
+    assert len(calls) == 4 * 2 + 4 * 3
+    for _, stream, out in calls:
+        update = out - stream
+        torch.testing.assert_close(update.mean(-1), torch.zeros_like(update[..., 0]), atol=1e-9, rtol=0)
+        torch.testing.assert_close(update.var(-1, unbiased=False), torch.ones_like(update[..., 0]), atol=1e-3, rtol=0)
+
+
+def test_mix_ln_makes_the_first_quarter_of_each_stack_post_ln():
+    model = build_model("mixln_e12d6")
+    assert [layer.normalize_before for layer in model.encoder.layers] == [False] * 3 + [True] * 9
+    assert [layer.normalize_before for layer in model.decoder.layers] == [False] + [True] * 5
+    model = build_model("mixln_e12d6", ["--mix-ln-alpha", "0"])
+    assert all(layer.normalize_before for side in (model.encoder, model.decoder) for layer in side.layers)
+
+
+def test_hybrid_norm_layer_equals_its_equations_in_float64():
+    """Attention with per-head RMS-normalised Q, K, V and no input norm; FFN x' = N(y) + FFN(N(y))."""
+    model = build_model("hybridnorm_e6d6", SHAPE).double()
+    layer = model.encoder.layers[0]
+    for attn in (layer.self_attn, model.decoder.layers[0].encoder_attn):
+        assert all(isinstance(getattr(attn, p), NormedProjection) for p in ("q_proj", "k_proj", "v_proj"))
+    x = torch.randn(5, 2, layer.embed_dim, dtype=torch.float64)
+    with torch.no_grad():
+        out = layer(x, None)
+        t, b, c = x.shape
+        h = layer.self_attn.num_heads
+
+        def heads(z, proj):
+            z = (x @ proj.weight.T + proj.bias).reshape(t, b, h, c // h)
+            z = z / torch.sqrt(z.square().mean(-1, keepdim=True) + 1e-5)
+            return (z * proj.norm.weight).permute(1, 2, 0, 3)  # (b, h, t, d)
+
+        q, k, v = (heads(x, getattr(layer.self_attn, p)) for p in ("q_proj", "k_proj", "v_proj"))
+        a = torch.softmax(q @ k.transpose(-1, -2) / (c // h) ** 0.5, -1) @ v
+        y = x + layer.self_attn.out_proj(a.permute(2, 0, 1, 3).reshape(t, b, c))
+        n = torch.nn.functional.layer_norm(y, (c,), layer.final_layer_norm.weight, layer.final_layer_norm.bias)
+        expected = n + layer.fc2(torch.relu(layer.fc1(n)))
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize(("family", "kind"), [("dyt", DynamicTanh), ("derf", DynamicErf)])
+def test_dyt_and_derf_replace_every_layernorm(family, kind):
+    model = build_model(f"{family}_e6d6", SHAPE)
+    assert not [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    norms = [m for m in model.modules() if isinstance(m, kind)]
+    assert len(norms) == 4 * 2 + 4 * 3 + 2 and all(m.alpha.item() == 0.5 for m in norms)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--residual", "layerscale", "--layerscale-init", "2"], "--layerscale-init"),
+    (["--residual", "mix", "--mix-ln-alpha", "1.5"], "--mix-ln-alpha"),
+])  # fmt: skip
+def test_option_errors_name_the_option(extra, message, capsys):
+    with pytest.raises((SystemExit, PluginOptionError)):
+        build_model("residual_axes", [*SHAPE, *extra])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "names"), [
+    (["--residual", "hybrid", "--tying", "key-query"], ("--residual hybrid", "--tying key-query")),
+    (["--residual", "rezero", "--depth-aggregation", "dca"], ("--residual rezero", "--depth-aggregation dca")),
+    (["--residual", "peri", "--depth-aggregation", "hc-static"], ("--residual peri", "--depth-aggregation hc-static")),
+    (["--residual", "pre", "--norm", "dyt", "--depth-aggregation", "dca"], ("--depth-aggregation dca", "--norm dyt")),
+])  # fmt: skip
+def test_refusals_name_both_choices(extra, names):
+    with pytest.raises(IncompatibleChoices) as err:
+        build_model("residual_axes", [*SHAPE, *extra])
+    assert str(err.value).startswith(f"{names[0]} cannot be combined with {names[1]}: ")
+
+
+def test_value_residual_mixes_the_first_layers_values_in_every_stack():
+    """V'_n = 0.5 V_1 + 0.5 V_n (ResFormer, identity mode) in encoder and decoder self-attention, float64."""
+    model = build_model("value_residual_e6d6", [*SHAPE, "--value-residual-cross"]).double()
+    for side, attr in (("encoder", "self_attn"), ("decoder", "self_attn"), ("decoder", "encoder_attn")):
+        projections = [getattr(layer, attr).v_proj for layer in getattr(model, side).layers]
+        raw, mixed = [], []
+
+        def record(m, i, o, raw=raw, mixed=mixed):
+            raw.append(m.weight @ i[0].unsqueeze(-1))
+            mixed.append(o)
+
+        hooks = [p.register_forward_hook(record) for p in projections]
+        with torch.no_grad():
+            model(*random_batch(model))
+        for h in hooks:
+            h.remove()
+        v1 = raw[0].squeeze(-1) + projections[0].bias
+        for n in range(1, len(projections)):
+            vn = raw[n].squeeze(-1) + projections[n].bias
+            torch.testing.assert_close(mixed[n], 0.5 * v1 + 0.5 * vn)
+        torch.testing.assert_close(mixed[0], v1)
+        assert not projections[0].store  # V_1 is not kept after the forward pass
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--tying", "value"], "--value-residual both cannot be combined with --tying value: "),
+    (["--residual", "hybrid"], "--value-residual both cannot be combined with --residual hybrid: "),
+    (["--value-residual-mode", "token", "--value-residual-cross"], "--value-residual-cross cannot be used with"),
+])  # fmt: skip
+def test_value_residual_refusals(extra, message):
+    with pytest.raises(PluginOptionError, match=message):
+        build_model("value_residual_e6d6", [*SHAPE, *extra])
+    with pytest.raises(PluginOptionError, match="--value-residual-cross needs"):
+        build_model("residual_axes", [*SHAPE, "--value-residual-cross"])
+
+
+@pytest.mark.parametrize(("family", "atol"), [("mhc", 1e-4), ("mhc_lite", 1e-4), ("frac", 0), ("mudd", 0)])
+def test_stream_models_are_the_pre_ln_model_at_init(family, atol):
+    """On the Pre-LN model's weights (the layers keep its parameter names; the new parameters at their init),
+    frac-connections (eq. 15) and MUDD (current_only) compute the Pre-LN model exactly, mHC with its preln bias
+    init up to LayerNorm's eps on the 1.54x branch input (every stream equals the Pre-LN state)."""
+    pre = build_model("transformer_preln_e6d6", SHAPE, seed=3)
+    model = build_model(f"{family}_e6d6", SHAPE, seed=4)
+    result = model.load_state_dict(pre.state_dict(), strict=False)
+    assert not result.unexpected_keys
+    new = (".hc.", "hc_version", ".mudd.", "key_layer_norm", "value_layer_norm")
+    assert all(any(part in k for part in new) for k in result.missing_keys), result.missing_keys
+    batch = random_batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(*batch)[0], pre(*batch)[0], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("family", ["attnres", "attnres_block"])
+def test_attnres_reads_the_uniform_average_of_its_sources_at_init(family):
+    """Every pseudo-query w_l = 0 (section 5): every sublayer input and the stack output are the plain mean of
+    the sources (the embedding and the earlier outputs or block sums), in float64."""
+    model = build_model(f"{family}_e6d6", SHAPE).double()
+    reads = []
+    for side in (model.encoder, model.decoder):
+        ar = side.attn_res
+        assert not ar.queries.any()
+        original = ar.read
+
+        def read(index, state, original=original):
+            sources = [*state.blocks, *([state.partial] if state.partial is not None else [])]
+            out = original(index, state)
+            reads.append((out, torch.stack(sources).mean(0)))
+            return out
+
+        ar.read = read
+    with torch.no_grad():
+        model(*random_batch(model))
+    assert len(reads) == (4 * 2 + 1) + (4 * 3 + 1)
+    for out, mean in reads:
+        torch.testing.assert_close(out, mean)
+
+
+def test_attnres_block_size_errors():
+    with pytest.raises(PluginOptionError, match="--attnres-block-size must be 1 with --depth-aggregation attnres"):
+        build_model("attnres_e6d6", [*SHAPE, "--attnres-block-size", "2"])
+    model = build_model("attnres_block_e6d6", [*SHAPE, "--attnres-block-size", "3"])
+    assert model.decoder.attn_res.block_size == 3
+
+
+def test_mhc_lite_rate_is_limited(capsys):
+    with pytest.raises(PluginOptionError, match=r"--mhc-rate must be in \[1, 5\] with --depth-aggregation mhc-lite"):
+        build_model("mhc_lite_e6d6", [*SHAPE, "--mhc-rate", "6"])
+
+
+def test_presets_set_the_new_axes():
+    assert parse_model_args("ortho_e12d12").residual == "orthogonal"
+    args = parse_model_args("derf_iwslt_e36d6", tiny=False)
+    assert (args.norm, args.residual, args.encoder_layers, args.encoder_embed_dim) == ("derf", "pre", 36, 256)
