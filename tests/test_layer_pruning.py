@@ -227,15 +227,20 @@ def test_depth_dependent_families_refuse_pruning_in_training_and_as_a_load_time_
 # PluginOptionError naming --encoder/--decoder-layers-to-keep says. A combination prunes when all its choices do;
 # else the first refusing choice in axis order is named (docs/layer_pruning_torchscript.md says why for each)
 POSITIONAL = "(--depth-aggregation {}): its weights are sized and indexed"
+STREAMS = "--depth-aggregation {}: its weights are sized and indexed"  # the 2024-26 aggregations (axes/aggregation_streams.py)
 PRUNING: dict[str, dict[str, str | None]] = {
     "residual": {"pre": None, "post": None, "resi-dual": None, "admin": None, "tfixup": None, "b2t": None,
-                 "normformer": None, "deepnet": "cannot be used with deepnet_transformer (--residual deepnet): DeepNorm's alpha"},
+                 "normformer": None, "deepnet": "cannot be used with deepnet_transformer (--residual deepnet): DeepNorm's alpha",
+                 "layerscale": None, "rezero": None, "orthogonal": None, "peri": None, "hybrid": None,
+                 "mix": "cannot be used with --residual mix: Mix-LN's Post-LN layers are the first floor(alpha L)"},
     "depth_aggregation": {"none": None, "dca": "cannot be used with dca_transformer: every layer owns GRNs sized by",
                           "dca-k": "cannot be used with dca_transformer: every layer owns GRNs sized by",
                           **{name: POSITIONAL.format(name) for name in ("denseformer", "dlcl", "laurel-rw", "laurel-lr",
-                                                                        "laurel-pa", "hc-static", "hc-dynamic")}},
+                                                                        "laurel-pa", "hc-static", "hc-dynamic")},
+                          **{name: STREAMS.format(name) for name in ("mhc", "mhc-lite", "attnres", "attnres-block",
+                                                                     "frac", "mudd")}},
     "tying": {"none": None, "key-query": None, "ffn": None, "value": None, "all": None},
-    "norm": {"layernorm": None, "rmsnorm": None},
+    "norm": {"layernorm": None, "rmsnorm": None, "dyt": None, "derf": None},
 }  # fmt: skip
 SAMPLE = choice_sample()
 

@@ -50,11 +50,14 @@ LAYER_STACK = {"dca": "DCAEncoder", "dca-k": "DCAEncoder", "denseformer": "Dense
                "laurel-rw": "LaurelEncoder", "laurel-lr": "LaurelEncoder", "laurel-pa": "LaurelEncoder",
                "hc-static": "HCEncoder", "hc-dynamic": "HCEncoder"}  # fmt: skip
 TORCHSCRIPT: dict[str, dict[str, str | None]] = {
-    "residual": {"pre": None, "post": None, "resi-dual": None, "deepnet": None, "tfixup": None,
-                 "admin": "AxesTransformerModel", "b2t": "AxesTransformerModel", "normformer": "AxesTransformerModel"},
-    "depth_aggregation": {"none": None, **LAYER_STACK},
+    "residual": {"pre": None, "post": None, "resi-dual": None, "deepnet": None, "tfixup": None, "mix": None,
+                 **{name: "AxesTransformerModel" for name in ("admin", "b2t", "normformer", "layerscale", "rezero",
+                                                              "orthogonal", "peri", "hybrid")}},
+    "depth_aggregation": {"none": None, **LAYER_STACK, "mhc": "MHCEncoder", "mhc-lite": "MHCEncoder",
+                          "attnres": "AttnResEncoder", "attnres-block": "AttnResEncoder", "frac": "FracEncoder",
+                          "mudd": "MUDDEncoder"},
     "tying": {"none": None, "key-query": None, "ffn": None, "value": None, "all": None},
-    "norm": {"layernorm": None, "rmsnorm": None},
+    "norm": {"layernorm": None, "rmsnorm": None, "dyt": None, "derf": None},
 }  # fmt: skip
 SAMPLE = choice_sample()
 

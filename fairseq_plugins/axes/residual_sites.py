@@ -21,7 +21,7 @@ from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import argparse_type, check_float
+from ..validation import PluginOptionError, argparse_type, check_float
 from . import set_defaults
 from .residual import Residual
 
@@ -116,6 +116,14 @@ class Mix(Residual):
     def check(cls, args) -> None:
         args.mix_ln_alpha = check_float("mix_ln_alpha", args.mix_ln_alpha, 0.0, 1.0)
         super().check(args)
+        for side in ("encoder", "decoder"):
+            # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
+            if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
+                raise PluginOptionError(
+                    f"--{side}-layers-to-keep cannot be used with {cls.who()}: Mix-LN's Post-LN layers are the "
+                    "first floor(alpha L) of the stack, so the kept layers would be re-partitioned between "
+                    "Post-LN and Pre-LN for the pruned depth, a model that was never trained"
+                )
 
     @classmethod
     def prepare(cls, model) -> None:
