@@ -29,9 +29,9 @@ checks, and fairseq's ``--fp16`` for training in float16.
 
 Wiring: a model class lists ``AutocastModel`` before fairseq's ``TransformerModel`` in its bases; it adds
 the option and, after building, calls ``enable_autocast(model, dtype)``. An encoder or decoder class may
-instead list ``AutocastForward`` among its bases (the model then only sets ``autocast_dtype``). fairseq's own
-``transformer`` (the Pre-LN/Post-LN baselines) stays untouched, so it has no ``--autocast-dtype`` on the command
-line; a script that builds it (the benchmark, the GPU check) calls ``enable_autocast`` on the built model.
+instead list ``AutocastForward`` among its bases (the model then only sets ``autocast_dtype``). The Pre-LN/Post-LN
+baselines are fairseq's ``TransformerModel`` with this mixin only (models/baselines.py); a script that builds a
+model without the option (the benchmark's fairseq LM baseline) calls ``enable_autocast`` on the built model.
 """
 
 import torch

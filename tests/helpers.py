@@ -204,11 +204,12 @@ CI_TRAINED_FAMILIES = ("residual", "crossformer_sg", "crossformer_hg", "dca_k2",
 
 
 def trained_families() -> list[str]:
-    """The plugin's families with an E6D6 preset (fairseq's own transformer excluded: the plugin does not touch it),
+    """The plugin's families with an E6D6 preset (fairseq's own transformer, the baselines' model, excluded),
     or CI's subset of them unless ALL_FAMILIES=1."""
     from fairseq_plugins.models import PRESETS
+    from fairseq_plugins.models.baselines import BASELINE_MODEL
 
-    families = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS and p.model != "transformer"})
+    families = sorted({p.family for p in PRESETS.values() if f"{p.family}_e6d6" in PRESETS and p.model != BASELINE_MODEL})
     if os.environ.get("ALL_FAMILIES") == "1":
         return families
     missing = set(CI_TRAINED_FAMILIES) - set(families)

@@ -8,6 +8,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_plugins.axes import IncompatibleChoices
 from fairseq_plugins.models.axes_transformer import AxesTransformerModel
+from fairseq_plugins.models.baselines import BASELINE_MODEL
 from fairseq_plugins.models.families import ALIASES
 from fairseq_plugins.models.presets import PRESETS
 from fairseq_plugins.modules.cross_layer_guidance import TiedLinear
@@ -34,7 +35,7 @@ def test_family_model_names_are_aliases_of_the_composed_model():
     for name, cls in ALIASES.items():
         assert issubclass(cls, AxesTransformerModel) and ARCH_MODEL_REGISTRY[name] is cls
     for arch, preset in PRESETS.items():
-        if preset.model != "transformer":
+        if preset.model != BASELINE_MODEL:
             assert issubclass(ARCH_MODEL_REGISTRY[arch], AxesTransformerModel), arch
 
 

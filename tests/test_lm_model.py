@@ -159,9 +159,11 @@ def test_adaptive_input_and_softmax_as_fairseqs_wikitext_lm(lm_bin):
     assert torch.isfinite(features).all()
 
 
-def test_autocast_dtype_reaches_the_decoder(lm_bin):
-    # the family's own --autocast-dtype (fairseq_plugins/precision.py) is an LM option too and wraps the decoder
-    model, task, _ = build_lm(lm_bin, "dca_lm_d6", ["--autocast-dtype", "bfloat16"])
+@pytest.mark.parametrize("arch", ["dca_lm_d6", "transformer_preln_lm_d6"])
+def test_autocast_dtype_reaches_the_decoder(lm_bin, arch):
+    # the family's own --autocast-dtype (fairseq_plugins/precision.py) is an LM option too and wraps the decoder;
+    # the fairseq-transformer baseline has it as well (fairseq_plugins/models/baselines.py)
+    model, task, _ = build_lm(lm_bin, arch, ["--autocast-dtype", "bfloat16"])
     assert model.decoder.autocast_dtype is torch.bfloat16
     with torch.no_grad():
         logits, _ = model(train_batch(task)["net_input"]["src_tokens"])

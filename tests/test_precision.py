@@ -55,9 +55,7 @@ def train_updates(model, steps: int = 3) -> list[float]:
 
 
 def build_bf16(arch: str):
-    """``arch`` with --autocast-dtype bfloat16; fairseq's own transformer (no such option) through the Python API."""
-    if PRESETS[arch].model == "transformer":
-        return precision.enable_autocast(build_model(arch, SHALLOW), torch.bfloat16)
+    """``arch`` with --autocast-dtype bfloat16 on the command line (the fairseq-transformer baselines too)."""
     return build_model(arch, SHALLOW + BF16)
 
 
@@ -114,10 +112,22 @@ def test_autocast_float32_attribute_is_the_extension_point():
         assert model.decoder.sinkhorn(torch.randn(3, 4).bfloat16()).dtype == torch.float32
 
 
-def test_fairseqs_own_transformer_has_no_option():
-    """The Pre-LN/Post-LN baselines stay fairseq's class: the plugin adds no option to it (enable_autocast serves)."""
-    with pytest.raises(SystemExit):
-        build_model("transformer_preln_e6d6", SHALLOW + BF16)
+def test_baselines_take_the_option_and_match_fairseqs_transformer_under_it():
+    """transformer_preln/postln_* accept --autocast-dtype; in bf16 they compute what fairseq's own transformer does
+    when enable_autocast wraps it (the same weights at the same seed, the same outputs)."""
+    from fairseq.models.transformer import TransformerModel
+
+    for arch in ("transformer_preln_e6d6", "transformer_postln_iwslt_e6d6"):
+        mixed = build_model(arch, SHALLOW + BF16)
+        assert isinstance(mixed.encoder, precision.AutocastForward) and mixed.encoder.autocast_dtype == torch.bfloat16
+        plain = build_model(arch, SHALLOW)
+        own = precision.enable_autocast(TransformerModel(plain.args, plain.encoder, plain.decoder), torch.bfloat16)
+        assert {k: v.shape for k, v in mixed.state_dict().items()} == {k: v.shape for k, v in own.state_dict().items()}
+        own.load_state_dict(mixed.state_dict())
+        mixed.eval(), own.eval()
+        batch = random_batch(mixed)
+        with torch.no_grad():
+            torch.testing.assert_close(mixed(*batch)[0], own(*batch)[0], rtol=0, atol=0)
 
 
 def test_default_leaves_the_model_as_it_was():

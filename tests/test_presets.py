@@ -4,7 +4,11 @@ trainable (forward and backward reach every parameter, as distributed training r
 import pytest
 import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
 
 from fairseq_plugins.models import DEPTHS, PRESETS, WIDTHS
 
@@ -50,7 +54,13 @@ def test_command_line_overrides_the_preset():
 @pytest.mark.parametrize("arch", ["transformer_preln_e12d6", "transformer_postln_iwslt_e6d6"])
 def test_baselines_are_fairseqs_own_transformer(arch):
     model = build_model(arch)
-    assert type(model) is TransformerModel
+    # fairseq's class with only the --autocast-dtype option in front: no method of its model, encoder or decoder
+    # is the plugin's, and without the option the encoder and decoder are fairseq's own classes
+    assert isinstance(model, TransformerModel) and type(model).__mro__[2] is TransformerModel
+    assert set(vars(type(model))) <= {"__module__", "__qualname__", "__doc__", "__dataclass"}  # register_model sets it
+    assert set(vars(type(model).__mro__[1])) - {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"} == {
+        "add_args", "build_model"}
+    assert type(model.encoder) is TransformerEncoderBase and type(model.decoder) is TransformerDecoderBase
     pre = "preln" in arch
     assert (model.encoder.layer_norm is not None) == pre and (model.decoder.layer_norm is not None) == pre
     assert all(layer.normalize_before == pre for layer in [*model.encoder.layers, *model.decoder.layers])

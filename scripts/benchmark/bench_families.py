@@ -42,8 +42,8 @@ FAMILY_ARGS: dict[str, list[str]] = {
 
 # precision name -> fairseq-train options. fp16: fairseq's own (half weights, dynamic loss scaling); bf16: the
 # plugin's autocast (float32 weights, bfloat16 matrix products; fairseq_plugins/precision.py), applied to the
-# built model with enable_autocast, which is what --autocast-dtype bfloat16 does, because the baseline is
-# fairseq's own transformer and has no such option
+# built model with enable_autocast, which is what --autocast-dtype bfloat16 does (one code path for the families
+# and the baseline)
 PRECISIONS: dict[str, list[str]] = {"fp32": [], "fp16": ["--fp16"], "bf16": []}
 AUTOCAST = {"bf16": torch.bfloat16}
 SRC, TGT = "de", "en"
