@@ -113,13 +113,19 @@ for _prefix, (_model, _settings) in ROWS.items():
         register_preset("crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""],
                         family_architecture("crossformer_hg"), {"guidance": "all"})  # fmt: skip
 
-# combinations worth naming (issue 26 item 4): the project's three ideas in one model, and ResiDual-free
-# wiring with k-DCA's depth aggregation
+# combinations worth naming (issue 26 item 4): the project's three ideas in one model, ResiDual-free wiring with
+# k-DCA's depth aggregation, and the combination study's rows (docs/study/combinations_e12d12): table 2's best
+# wiring (T-Fixup) with the best aggregation it composes with (DenseFormer; Hyper-Connections owns the layer
+# forward, so T-Fixup refuses it) and with key-query tying, and the best aggregation with key-query tying
 COMBINATIONS: dict[str, dict[str, str]] = {
     "preln_kq_dca": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca"},
     "preln_kq_dca_k2": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca-k", "dca_k": 2},
     "deepnet_denseformer": {"residual": "deepnet", "depth_aggregation": "denseformer"},
     "preln_rmsnorm": {"residual": "pre", "norm": "rmsnorm"},
+    "tfixup_denseformer": {"residual": "tfixup", "depth_aggregation": "denseformer"},
+    "tfixup_kq": {"residual": "tfixup", "tying": "key-query"},
+    "tfixup_kq_denseformer": {"residual": "tfixup", "tying": "key-query", "depth_aggregation": "denseformer"},
+    "preln_kq_hc_dynamic": {"residual": "pre", "tying": "key-query", "depth_aggregation": "hc-dynamic"},
 }
 for _prefix, _settings in COMBINATIONS.items():
     register_family(_prefix, MODEL, axes_architecture, _settings)
