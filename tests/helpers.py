@@ -89,6 +89,14 @@ def full_and_incremental_logits(model, src, lengths, prev):
     return full, torch.cat(steps, dim=1)
 
 
+BF16_EPS = 2.0**-7  # spacing of bfloat16 numbers in [1, 2)
+
+
+def close_in_bf16(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Within a few bfloat16 roundings of the larger logits."""
+    return (a - b).abs().max().item() <= 8 * BF16_EPS * max(1.0, b.abs().max().item())
+
+
 def make_reversal_corpus(directory: Path, sizes=(("train", 400), ("valid", 40), ("test", 21)), seed: int = 0):
     """A tiny synthetic translation task: the target is the reversed, upper-cased source.
 

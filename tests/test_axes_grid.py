@@ -6,7 +6,9 @@ working combination, plus one combination for every refused pair); ``ALL_FAMILIE
 
 A working combination, at tiny width and two layers: one training step (SGD) with a finite loss and finite
 weights after it, incremental decoding equal to full decoding (float64), a state-dict round trip into a freshly
-built model that then computes the same, and a float16 forward/backward with a finite loss. ``docs/grid.md`` is
+built model that then computes the same, a bfloat16 autocast forward/backward (``--autocast-dtype``, issue 31) with a
+finite loss and incremental decoding equal to full within bfloat16 rounding, and a float16 forward/backward with
+a finite loss. ``docs/grid.md`` is
 this grid as a table (``scripts/analysis/grid_table.py``); a test keeps the two in step.
 """
 
@@ -21,10 +23,12 @@ import torch
 from fairseq_plugins.axes import IncompatibleChoices
 from fairseq_plugins.axes.grid import combinations, covering, refusal
 from fairseq_plugins.models.axes_transformer import AxesTransformerModel
+from fairseq_plugins.precision import enable_autocast
 
 from .helpers import (
     REPO,
     TinyTask,
+    close_in_bf16,
     full_and_incremental_logits,
     parse_model_args,
     random_batch,
@@ -93,6 +97,13 @@ def test_combination_works_or_is_refused_naming_both_choices(combo):
     double = copy.deepcopy(model).double()
     full, incremental = full_and_incremental_logits(double, *batch)
     torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-6)  # fairseq softmaxes attention in float32
+
+    mixed = enable_autocast(copy.deepcopy(model), torch.bfloat16)
+    full, incremental = full_and_incremental_logits(mixed, *batch)
+    assert full.dtype == torch.float32 and close_in_bf16(incremental, full)
+    mixed_loss = loss_of(mixed.train(), batch)
+    mixed_loss.backward()
+    assert torch.isfinite(mixed_loss) and all(p.grad is None or p.grad.dtype == torch.float32 for p in mixed.parameters())
 
     half = model.half().train()
     half_loss = loss_of(half, batch)

@@ -13,6 +13,7 @@ from fairseq_plugins.validation import PluginOptionError
 
 from .helpers import (
     build_model,
+    close_in_bf16,
     full_and_incremental_logits,
     generate_command,
     hypotheses,
@@ -26,12 +27,6 @@ SHALLOW = ["--encoder-layers", "2", "--decoder-layers", "2"]
 BF16 = ["--autocast-dtype", "bfloat16"]
 # one preset per family, the shallowest depth it has (crossformer_all only exists as E16D6)
 FAMILY_ARCHS = sorted({p.family: a for a, p in reversed(PRESETS.items()) if "iwslt" not in a}.values())
-BF16_EPS = 2.0**-7  # spacing of bfloat16 numbers in [1, 2)
-
-
-def close_in_bf16(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Within a few bfloat16 roundings of the larger logits."""
-    return (a - b).abs().max().item() <= 8 * BF16_EPS * max(1.0, b.abs().max().item())
 
 
 def train_updates(model, steps: int = 3) -> list[float]:
