@@ -1,0 +1,95 @@
+"""scripts/benchmark/before_after.py: the benchmark on two versions of the code, compared as ratios to Pre-LN.
+
+The arithmetic (per-round ratios from a report, the verdict, the table) on hand-made reports; option errors; one
+tiny end-to-end run against HEAD (two benchmark processes at width 16 on synthetic sentences)."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from .helpers import REPO
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("before_after", REPO / "scripts" / "benchmark" / "before_after.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("before_after", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+before_after = _load()
+
+
+def one_round(base_train: float, fam_train: float, base_cpu: float, fam_cpu: float) -> dict:
+    timing = {"decode_seconds": [2.0], "decode_cpu_seconds": [2.0]}
+    return {"results": [{
+        "baseline": {"train_seconds": [base_train], "train_cpu_seconds": [base_cpu], **timing},
+        "families": {"dca": {"train_seconds": [fam_train], "train_cpu_seconds": [fam_cpu], **timing}},
+    }]}  # fmt: skip
+
+
+def test_round_ratios_are_baseline_time_over_family_time():
+    ratios = before_after.round_ratios(one_round(1.0, 2.0, 3.0, 4.0))
+    assert ratios == {"dca": {"train": 0.5, "train_cpu": 0.75, "decode": 1.0, "decode_cpu": 1.0}}
+
+
+@pytest.mark.parametrize(("after", "expected"), [
+    ([0.90, 0.91, 0.92], "same"),  # inside the before range
+    ([0.87, 0.87, 0.88], "same"),  # below it by less than the margin
+    ([0.85, 0.86, 0.86], "slower"),
+    ([0.95, 0.96, 0.97], "faster"),
+])  # fmt: skip
+def test_verdict_compares_the_after_median_with_the_widened_before_range(after, expected):
+    assert before_after.verdict([0.89, 0.90, 0.93], after, margin=0.02) == expected
+
+
+def test_report_has_a_row_per_family_with_cpu_and_wall_ratios():
+    rounds = {
+        "before": [before_after.round_ratios(one_round(1.0, 1.25, 1.0, 1.25))] * 2,
+        "after": [before_after.round_ratios(one_round(1.0, 1.0, 1.0, 1.0))] * 2,
+    }
+    table = before_after.report_markdown(rounds, ["dca"], 0.02, "header")
+    assert "| `dca` | 0.80 (0.80-0.80); wall 0.80 | 1.00 (1.00-1.00); wall 1.00 | faster |" in table
+    assert table.startswith("header\n")
+
+
+def test_bad_revision_and_unknown_family_are_clear_errors(capsys):
+    assert before_after.main(["--before", "no-such-revision-xyz"]) == 2
+    assert "--before 'no-such-revision-xyz' is not a git revision" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        before_after.parse_args(["--before", "HEAD", "--rounds", "0"])
+
+
+def test_each_round_asks_the_benchmark_for_options_it_has(tmp_path):
+    from .test_benchmark_guard import _load_benchmark
+
+    opts = before_after.parse_args(["--before", "HEAD", "--family", "dca", "--depth", "e6d6", "--", "--max-tokens", "2048"])
+    args = _load_benchmark().build_parser().parse_args(before_after.benchmark_options(opts, ["dca"], tmp_path / "r.json"))
+    assert (args.rounds, args.depth, args.family, args.max_tokens, args.quiet) == (1, ["e6d6"], ["dca"], 2048, True)
+
+
+def test_rounds_alternate_the_versions_and_remove_the_worktree(tmp_path, monkeypatch):
+    """The orchestration with the benchmark itself replaced (a real one takes minutes): a temporary worktree at the
+    revision, both versions each round in alternating order, the table and the JSON written, the worktree gone."""
+    if not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout")
+    calls = []
+
+    def fake_benchmark(tree, opts, families, out):
+        calls.append("after" if tree == before_after.REPO else "before")
+        slow = 1.25 if calls[-1] == "before" else 1.0
+        return one_round(1.0, slow, 1.0, slow)
+
+    monkeypatch.setattr(before_after, "run_benchmark", fake_benchmark)
+    monkeypatch.setattr(before_after, "families_of", lambda tree: ["transformer_preln", "dca"])
+    worktrees = before_after.git("worktree", "list")
+    status = before_after.main(["--before", "HEAD", "--rounds", "3", "--json", str(tmp_path / "ba.json"),
+                                "--markdown", str(tmp_path / "ba.md")])  # fmt: skip
+    assert status == 0 and calls == ["before", "after", "after", "before", "before", "after"]
+    assert before_after.git("worktree", "list") == worktrees
+    assert "| `dca` | 0.80 (0.80-0.80); wall 0.80 | 1.00 (1.00-1.00); wall 1.00 | faster |" in (tmp_path / "ba.md").read_text()
+    assert len(json.loads((tmp_path / "ba.json").read_text())["rounds"]["before"]) == 3
+    assert before_after.main(["--before", "HEAD", "--family", "no_such_family"]) == 2
