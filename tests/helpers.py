@@ -89,6 +89,14 @@ def full_and_incremental_logits(model, src, lengths, prev):
     return full, torch.cat(steps, dim=1)
 
 
+def parameter_gradients(model, batch) -> dict:
+    """Every parameter's gradient of the mean log-sum-exp of the logits: a loss every output reaches, so two
+    ways of computing one model (activation checkpointing, tied weights) can be compared gradient by gradient."""
+    logits, _ = model(*batch)
+    logits.float().logsumexp(-1).mean().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
 def make_reversal_corpus(directory: Path, sizes=(("train", 400), ("valid", 40), ("test", 21)), seed: int = 0):
     """A tiny synthetic translation task: the target is the reversed, upper-cased source.
 

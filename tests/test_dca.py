@@ -22,6 +22,7 @@ from .helpers import (
     full_and_incremental_logits,
     generate_command,
     hypotheses,
+    parameter_gradients,
     parse_model_args,
     random_batch,
     run,
@@ -345,11 +346,7 @@ def test_training_step_in_half_precision_and_with_activation_checkpointing():
     checkpointed = build_model("dca_k2_e6d6", ["--dropout", "0", "--checkpoint-activations"]).train()
     checkpointed.load_state_dict(reference.state_dict())
     batch = random_batch(reference)
-    grads = []
-    for model in (reference, checkpointed):
-        logits, _ = model(*batch)
-        logits.float().logsumexp(-1).mean().backward()
-        grads.append({n: p.grad for n, p in model.named_parameters()})
+    grads = [parameter_gradients(model, batch) for model in (reference, checkpointed)]
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
     half = reference.half()
