@@ -18,6 +18,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_plugins.models import PRESETS
 from fairseq_plugins.validation import PluginOptionError
 
+from .equations import attention, ffn, layer_norm
 from .helpers import (
     TinyTask,
     build_model,
@@ -30,7 +31,6 @@ from .helpers import (
     run,
     train_command,
 )
-from .test_dca import attention, ffn, layer_norm
 from .test_properties import right_pad
 
 DEPTH = ["--encoder-layers", "5", "--decoder-layers", "4"]
