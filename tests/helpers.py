@@ -97,6 +97,14 @@ def close_in_bf16(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a - b).abs().max().item() <= 8 * BF16_EPS * max(1.0, b.abs().max().item())
 
 
+def parameter_gradients(model, batch) -> dict:
+    """Every parameter's gradient of the mean log-sum-exp of the logits: a loss every output reaches, so two
+    ways of computing one model (activation checkpointing, tied weights) can be compared gradient by gradient."""
+    logits, _ = model(*batch)
+    logits.float().logsumexp(-1).mean().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
 def make_reversal_corpus(directory: Path, sizes=(("train", 400), ("valid", 40), ("test", 21)), seed: int = 0):
     """A tiny synthetic translation task: the target is the reversed, upper-cased source.
 

@@ -26,3 +26,12 @@ def random_input(*shape, seed: int = 1, dtype=torch.float64) -> torch.Tensor:
 def assert_finite(*tensors):
     for t in tensors:
         assert torch.isfinite(t).all(), "non-finite values"
+
+
+def randomize_(module, seed: int = 0, scale: float = 0.5):
+    """Move every parameter off its initial value (N(0, scale^2) added), so a check does not pass by an
+    identity at init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)

@@ -2,11 +2,9 @@
 the k-DCA stack, the whole model against a direct re-implementation, init-equivalence with the Pre-LN baseline,
 incremental decoding, options, parameter counts, and fairseq-train + fairseq-generate end to end."""
 
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -16,12 +14,14 @@ from fairseq_plugins.modules.depth_stack import DepthStack
 from fairseq_plugins.modules.grn import GRNv1, GRNv2, GRNv3, count_grn_parameters
 from fairseq_plugins.validation import PluginOptionError
 
+from .equations import attention, ffn, layer_norm
 from .helpers import (
     TinyTask,
     build_model,
     full_and_incremental_logits,
     generate_command,
     hypotheses,
+    parameter_gradients,
     parse_model_args,
     random_batch,
     run,
@@ -50,32 +50,6 @@ def k_stack(entries, k):
     if k == 0 or len(entries) <= k + 1:
         return torch.stack(entries)
     return torch.stack([entries[0], sum(entries[1:-k]), *entries[-k:]])
-
-
-def layer_norm(x, module):
-    return F.layer_norm(x, (x.size(-1),), module.weight, module.bias, module.eps)
-
-
-def attention(query, key, value, attn, key_padding_mask=None, causal=False):
-    """softmax(Q Kᵀ / sqrt(d_head) + mask) V, then the output projection; tensors are (T, B, C)."""
-    tq, b, c = query.shape
-    h = attn.num_heads
-
-    def heads(x, proj):
-        return (x @ proj.weight.T + proj.bias).reshape(x.size(0), b * h, c // h).transpose(0, 1)
-
-    q, k, v = heads(query, attn.q_proj), heads(key, attn.k_proj), heads(value, attn.v_proj)
-    scores = q @ k.transpose(1, 2) / math.sqrt(c // h)
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask.repeat_interleave(h, dim=0)[:, None, :], float("-inf"))
-    if causal:
-        scores = scores.masked_fill(torch.ones_like(scores[0], dtype=torch.bool).triu(1), float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(tq, b, c)
-    return out @ attn.out_proj.weight.T + attn.out_proj.bias
-
-
-def ffn(x, layer):
-    return F.relu(x @ layer.fc1.weight.T + layer.fc1.bias) @ layer.fc2.weight.T + layer.fc2.bias
 
 
 def dca_stack_forward(x, layers, output_grn, final_norm, k, block):
@@ -345,11 +319,7 @@ def test_training_step_in_half_precision_and_with_activation_checkpointing():
     checkpointed = build_model("dca_k2_e6d6", ["--dropout", "0", "--checkpoint-activations"]).train()
     checkpointed.load_state_dict(reference.state_dict())
     batch = random_batch(reference)
-    grads = []
-    for model in (reference, checkpointed):
-        logits, _ = model(*batch)
-        logits.float().logsumexp(-1).mean().backward()
-        grads.append({n: p.grad for n, p in model.named_parameters()})
+    grads = [parameter_gradients(model, batch) for model in (reference, checkpointed)]
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
     half = reference.half()

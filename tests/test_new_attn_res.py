@@ -14,16 +14,10 @@ from .new_ideas_common import (
     branch,
     branch_weights,
     random_input,
+    randomize_,
 )
 
 L = 7
-
-
-def randomize_(ar, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ar.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
 def run(ar, x, weights):
@@ -56,7 +50,7 @@ def direct(ar, x, weights, block_size):
 @pytest.mark.parametrize("block_size", [1, 2, 3])
 def test_equations(block_size):
     ar = AttentionResiduals(DIM, L, block_size).double()
-    randomize_(ar)
+    randomize_(ar, scale=1.0)
     weights = branch_weights(L)
     x = random_input(4, 2, DIM)
     torch.testing.assert_close(run(ar, x, weights), direct(ar, x, weights, block_size), rtol=0, atol=1e-12)
@@ -81,7 +75,7 @@ def test_uniform_average_at_init(block_size):
 
 def test_per_position_and_errors():
     ar = AttentionResiduals(DIM, L, 2).double()
-    randomize_(ar)
+    randomize_(ar, scale=1.0)
     weights = branch_weights(L)
     x = random_input(5, 2, DIM)
     full = run(ar, x, weights)
@@ -98,7 +92,7 @@ def test_per_position_and_errors():
 def test_deep_stack_half_precision(block_size, dtype):
     sublayers = 72
     ar = AttentionResiduals(DIM, sublayers, block_size).to(dtype)
-    randomize_(ar)
+    randomize_(ar, scale=1.0)
     x = (random_input(6, 2, DIM) * 10).to(dtype).requires_grad_()
     out = F.layer_norm(run(ar, x, branch_weights(sublayers, gain=2.0)), (DIM,))
     assert out.dtype == dtype

@@ -19,7 +19,7 @@ from fairseq_plugins.modules.orthogonal_residual import OrthogonalResidual
 from fairseq_plugins.modules.rezero import ReZeroGate
 from fairseq_plugins.modules.value_residual import ValueResidual
 
-from .new_ideas_common import DIM, branch, branch_weights, random_input
+from .new_ideas_common import DIM, branch, branch_weights, random_input, randomize_
 
 W = branch_weights(4)
 X = random_input(3, 2, DIM)
@@ -67,10 +67,7 @@ def test_state_dict_round_trip_and_size(name):
     make, call, count = CASES[name]
     torch.manual_seed(0)
     src = make().double()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in src.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
+    randomize_(src, seed=1, scale=0.1)
     assert sum(p.numel() for p in src.parameters()) == count
     torch.manual_seed(5)
     dst = make().double()

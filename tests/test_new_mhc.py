@@ -24,16 +24,10 @@ from .new_ideas_common import (
     branch,
     branch_weights,
     random_input,
+    randomize_,
 )
 
 N = 4
-
-
-def randomize_(unit, seed=0, scale=0.5):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in unit.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
 
 def permutations_written_out(n):

@@ -14,6 +14,7 @@ from .new_ideas_common import (
     branch,
     branch_weights,
     random_input,
+    randomize_,
 )
 
 L = 4
@@ -36,13 +37,6 @@ def run(mudd, x, weights):
 
 def layer_weights(n, seed=0, dtype=torch.float64):
     return [[w.to(dtype) for w in branch_weights(4, seed=seed + i)] for i in range(n)]
-
-
-def randomize_(mudd, seed=0, scale=0.5):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in mudd.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
 
 def direct(mudd, x, weights):

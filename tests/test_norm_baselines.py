@@ -9,19 +9,21 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fairseq_plugins.models.families import ALIASES
 from fairseq_plugins.modules import residual_wiring as rw
 from fairseq_plugins.validation import PluginOptionError
 
+from .equations import attention, ffn
+from .equations import layer_norm as ln
 from .helpers import (
     TinyTask,
     build_model,
     full_and_incremental_logits,
     generate_command,
     hypotheses,
+    parameter_gradients,
     parse_model_args,
     random_batch,
     run,
@@ -30,42 +32,6 @@ from .helpers import (
 
 # ---------------------------------------------------------------------------------------------------
 # the equations, written out
-
-
-def ln(x, module):
-    return F.layer_norm(x, (x.size(-1),), module.weight, module.bias, module.eps)
-
-
-def attention(query, memory, attn, key_padding_mask=None, causal=False, head_scale=None, chunk_scale=None):
-    """Concat(g_1 h_1, ..., g_H h_H) W_O + b with h_i = softmax(Q_i K_i^T / sqrt(d_head) + mask) V_i;
-    ``chunk_scale``: fairseq's variant, the projected output cut into H chunks and scaled."""
-    tq, b, c = query.shape
-    h = attn.num_heads
-    d = c // h
-
-    def heads(x, proj):
-        return (x @ proj.weight.T + proj.bias).reshape(x.size(0), b * h, d).transpose(0, 1)
-
-    q, k, v = heads(query, attn.q_proj), heads(memory, attn.k_proj), heads(memory, attn.v_proj)
-    scores = q @ k.transpose(1, 2) / math.sqrt(d)  # (B*H, Tq, Tk)
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask.repeat_interleave(h, dim=0)[:, None, :], float("-inf"))
-    if causal:
-        scores = scores.masked_fill(torch.ones_like(scores[0], dtype=torch.bool).triu(1), float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(tq, b, h, d)
-    if head_scale is not None:
-        out = out * head_scale[:, None]
-    out = out.reshape(tq, b, c) @ attn.out_proj.weight.T + attn.out_proj.bias
-    if chunk_scale is not None:
-        out = (out.reshape(tq, b, h, d) * chunk_scale[:, None]).reshape(tq, b, c)
-    return out
-
-
-def ffn(x, layer, ffn_norm=None):
-    hidden = F.relu(x @ layer.fc1.weight.T + layer.fc1.bias)
-    if ffn_norm is not None:
-        hidden = ln(hidden, ffn_norm)
-    return hidden @ layer.fc2.weight.T + layer.fc2.bias
 
 
 def post_ln_layer(x, sublayers, skip_scales, bottom_to_top=False):
@@ -83,10 +49,10 @@ def post_ln_layer(x, sublayers, skip_scales, bottom_to_top=False):
 def family_layers(family, layer, pad, memory=None, src_pad=None):
     """The (F_i, LN_i) pairs and skip scales of one Post-LN layer, encoder if memory is None."""
     decoder = memory is not None
-    sub = [(lambda x: attention(x, x, layer.self_attn, None if decoder else pad, causal=decoder),
+    sub = [(lambda x: attention(x, x, x, layer.self_attn, None if decoder else pad, causal=decoder),
             layer.self_attn_layer_norm)]  # fmt: skip
     if decoder:
-        sub.append((lambda x: attention(x, memory, layer.encoder_attn, src_pad), layer.encoder_attn_layer_norm))
+        sub.append((lambda x: attention(x, memory, memory, layer.encoder_attn, src_pad), layer.encoder_attn_layer_norm))
     sub.append((lambda x: ffn(x, layer), layer.final_layer_norm))
     if family == "tfixup":
         sub = [(f, None) for f, _ in sub]
@@ -102,8 +68,7 @@ def family_layers(family, layer, pad, memory=None, src_pad=None):
 def normformer_encoder_layer(x, layer, pad):
     """x <- x + LN_a(HeadScaleMHA(LN(x))); x <- lambda x + fc2(LN_f(relu(fc1(LN(x)))))."""
     out_proj = layer.self_attn.out_proj
-    a = attention(ln(x, layer.self_attn_layer_norm), ln(x, layer.self_attn_layer_norm), layer.self_attn, pad,
-                  head_scale=out_proj.head_scale)  # fmt: skip
+    a = attention(*[ln(x, layer.self_attn_layer_norm)] * 3, layer.self_attn, pad, head_scale=out_proj.head_scale)
     x = x + ln(a, out_proj.attn_ln)
     lam = layer.w_resid if layer.w_resid is not None else 1.0
     return lam * x + ffn(ln(x, layer.final_layer_norm), layer, layer.fc2.ffn_layernorm)
@@ -112,18 +77,18 @@ def normformer_encoder_layer(x, layer, pad):
 def normformer_decoder_layer(x, layer, memory, src_pad, impl):
     h = ln(x, layer.self_attn_layer_norm)
     if impl == "paper":
-        a = attention(h, h, layer.self_attn, causal=True, head_scale=layer.self_attn.out_proj.head_scale)
+        a = attention(h, h, h, layer.self_attn, causal=True, head_scale=layer.self_attn.out_proj.head_scale)
     else:
-        a = attention(h, h, layer.self_attn, causal=True, chunk_scale=layer.c_attn)
+        a = attention(h, h, h, layer.self_attn, causal=True, chunk_scale=layer.c_attn)
     x = x + ln(a, layer.attn_ln)
-    x = x + attention(ln(x, layer.encoder_attn_layer_norm), memory, layer.encoder_attn, src_pad)
+    x = x + attention(ln(x, layer.encoder_attn_layer_norm), memory, memory, layer.encoder_attn, src_pad)
     lam = layer.w_resid if layer.w_resid is not None else 1.0
     return lam * x + ffn(ln(x, layer.final_layer_norm), layer, layer.ffn_layernorm)
 
 
 def pre_ln_encoder_layer(x, layer, pad):
     h = ln(x, layer.self_attn_layer_norm)
-    x = x + attention(h, h, layer.self_attn, pad)
+    x = x + attention(h, h, h, layer.self_attn, pad)
     return x + ffn(ln(x, layer.final_layer_norm), layer)
 
 
@@ -392,9 +357,7 @@ def test_admin_profiles_under_activation_checkpointing_with_the_same_gradients()
     for extra in ([], ["--checkpoint-activations"]):
         model = build_model("admin_e6d6", extra, seed=3).train()
         torch.manual_seed(0)  # same dropout masks in both runs
-        logits, _ = model(*random_batch(model))
-        logits.logsumexp(-1).mean().backward()
-        grads.append({n: p.grad for n, p in model.named_parameters()})
+        grads.append(parameter_gradients(model, random_batch(model)))
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, msg=name)
 

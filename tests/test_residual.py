@@ -1,43 +1,14 @@
 """ResiDual (arXiv:2304.14802, section 2.2 and appendix H.3) checked against a direct re-implementation of
 its equations in float64, plus the FP16 dual-branch downscaling."""
 
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fairseq_plugins.validation import PluginOptionError
 
-from .helpers import build_model, parse_model_args, random_batch
-
-
-def layer_norm(x, module):
-    return F.layer_norm(x, (x.size(-1),), module.weight, module.bias, module.eps)
-
-
-def attention(query, memory, attn, key_padding_mask=None, causal=False):
-    """softmax(Q K^T / sqrt(d_head) + mask) V, then the output projection; tensors are (T, B, C)."""
-    tq, b, c = query.shape
-    h = attn.num_heads
-    d = c // h
-
-    def heads(x, proj):
-        return (x @ proj.weight.T + proj.bias).reshape(x.size(0), b * h, d).transpose(0, 1)
-
-    q, k, v = heads(query, attn.q_proj), heads(memory, attn.k_proj), heads(memory, attn.v_proj)
-    scores = q @ k.transpose(1, 2) / math.sqrt(d)  # (B*H, Tq, Tk)
-    if key_padding_mask is not None:
-        mask = key_padding_mask.repeat_interleave(h, dim=0)[:, None, :]
-        scores = scores.masked_fill(mask, float("-inf"))
-    if causal:
-        scores = scores.masked_fill(torch.ones_like(scores[0], dtype=torch.bool).triu(1), float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(tq, b, c)
-    return out @ attn.out_proj.weight.T + attn.out_proj.bias
-
-
-def ffn(x, layer):
-    return F.relu(x @ layer.fc1.weight.T + layer.fc1.bias) @ layer.fc2.weight.T + layer.fc2.bias
+from .equations import attention, ffn, layer_norm
+from .helpers import build_model, parameter_gradients, parse_model_args, random_batch
 
 
 def resi_dual(x, blocks, stream):
@@ -60,7 +31,7 @@ def reference_forward(model, src, lengths, prev):
     blocks = []
     for layer in enc_layers:
         blocks += [
-            (lambda x, a=layer.self_attn: attention(x, x, a, src_pad), layer.self_attn_layer_norm),
+            (lambda x, a=layer.self_attn: attention(x, x, x, a, src_pad), layer.self_attn_layer_norm),
             (lambda x, layer=layer: ffn(x, layer), layer.final_layer_norm),
         ]
     memory = resi_dual(x, blocks, model.encoder.dual_stream)
@@ -71,8 +42,8 @@ def reference_forward(model, src, lengths, prev):
     blocks = []
     for layer in dec_layers:
         blocks += [
-            (lambda x, a=layer.self_attn: attention(x, x, a, causal=True), layer.self_attn_layer_norm),
-            (lambda x, a=layer.encoder_attn: attention(x, memory, a, src_pad), layer.encoder_attn_layer_norm),
+            (lambda x, a=layer.self_attn: attention(x, x, x, a, causal=True), layer.self_attn_layer_norm),
+            (lambda x, a=layer.encoder_attn: attention(x, memory, memory, a, src_pad), layer.encoder_attn_layer_norm),
             (lambda x, layer=layer: ffn(x, layer), layer.final_layer_norm),
         ]
     return resi_dual(y, blocks, d.dual_stream).transpose(0, 1)
@@ -174,10 +145,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     for extra in ([], ["--checkpoint-activations"]):
         model = build_model("residual_e6d6", extra, seed=3).train()
         torch.manual_seed(0)  # same dropout masks in both runs
-        src, lengths, prev = random_batch(model)
-        logits, _ = model(src, lengths, prev)
-        logits.logsumexp(-1).mean().backward()
-        grads.append({n: p.grad for n, p in model.named_parameters()})
+        grads.append(parameter_gradients(model, random_batch(model)))
     assert grads[0].keys() == grads[1].keys()
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, msg=name)

@@ -52,12 +52,28 @@ class Aggregation(Choice):
         check_position_indexed(args, cls.who())
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+    def stacks(cls) -> tuple[type, type]:
+        """The encoder and decoder classes (imported here, not at the top: the models import the axes)."""
         raise NotImplementedError
 
     @classmethod
+    def stack_args(cls, args) -> tuple:
+        """What the stacks take after (cfg, dictionary, embed_tokens): the choice's options."""
+        return ()
+
+    @classmethod
+    def build(cls, stack, make_layer, *args, **kwargs):
+        # a choice with its own layers has no use for the residual axis' layer factory
+        return stack(*args, **kwargs) if cls.own_layers else build_with_layers(stack, make_layer, *args, **kwargs)
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        return cls.build(cls.stacks()[0], make_layer, cfg, dictionary, embed_tokens, *cls.stack_args(args))
+
+    @classmethod
     def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        raise NotImplementedError
+        return cls.build(cls.stacks()[1], make_layer, cfg, dictionary, embed_tokens, *cls.stack_args(args),
+                         no_encoder_attn=no_encoder_attn)  # fmt: skip
 
 
 class NoAggregation(Aggregation):
@@ -68,12 +84,8 @@ class NoAggregation(Aggregation):
         pass  # fairseq's own loop: layer drop and pruning work as in fairseq
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        return build_with_layers(FactoryEncoder, make_layer, cfg, dictionary, embed_tokens)
-
-    @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        return build_with_layers(FactoryDecoder, make_layer, cfg, dictionary, embed_tokens, no_encoder_attn)
+    def stacks(cls) -> tuple[type, type]:
+        return FactoryEncoder, FactoryDecoder
 
 
 MAX_DCA_K = 10_000  # parse-time bound only; check bounds k by the model's depth
@@ -119,16 +131,14 @@ class DCA(Aggregation):
         check_dca_args(args)
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.dca_transformer import DCAEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.dca_transformer import DCADecoder, DCAEncoder
 
-        return DCAEncoder(cfg, dictionary, embed_tokens, args.dca_mode, args.dca_k)
+        return DCAEncoder, DCADecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.dca_transformer import DCADecoder
-
-        return DCADecoder(cfg, dictionary, embed_tokens, args.dca_mode, args.dca_k, no_encoder_attn=no_encoder_attn)
+    def stack_args(cls, args) -> tuple:
+        return args.dca_mode, args.dca_k
 
 
 class DCAK(DCA):
@@ -166,18 +176,17 @@ class DenseFormer(Aggregation):
             setattr(args, name, check_int(name, getattr(args, name), 1, MAX_PERIOD))
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.depth_aggregation_transformer import DenseFormerEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.depth_aggregation_transformer import (
+            DenseFormerDecoder,
+            DenseFormerEncoder,
+        )
 
-        return build_with_layers(DenseFormerEncoder, make_layer, cfg, dictionary, embed_tokens,
-                                 args.denseformer_dilation, args.denseformer_period)  # fmt: skip
+        return DenseFormerEncoder, DenseFormerDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.depth_aggregation_transformer import DenseFormerDecoder
-
-        return build_with_layers(DenseFormerDecoder, make_layer, cfg, dictionary, embed_tokens,
-                                 args.denseformer_dilation, args.denseformer_period, no_encoder_attn)  # fmt: skip
+    def stack_args(cls, args) -> tuple:
+        return args.denseformer_dilation, args.denseformer_period
 
 
 class DLCL(Aggregation):
@@ -206,16 +215,14 @@ class DLCL(Aggregation):
         args.dlcl_init = check_choice("dlcl_init", args.dlcl_init, DLCL_INITS)
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.depth_aggregation_transformer import DLCLEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.depth_aggregation_transformer import DLCLDecoder, DLCLEncoder
 
-        return build_with_layers(DLCLEncoder, make_layer, cfg, dictionary, embed_tokens, args.dlcl_init)
+        return DLCLEncoder, DLCLDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.depth_aggregation_transformer import DLCLDecoder
-
-        return build_with_layers(DLCLDecoder, make_layer, cfg, dictionary, embed_tokens, args.dlcl_init, no_encoder_attn)
+    def stack_args(cls, args) -> tuple:
+        return (args.dlcl_init,)
 
 
 class Laurel(Aggregation):
@@ -245,17 +252,16 @@ class Laurel(Aggregation):
             raise PluginOptionError(f"--laurel-variant {args.laurel_variant} contradicts {cls.label()}")
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.laurel_transformer import LaurelEncoder, laurel_options
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.laurel_transformer import LaurelDecoder, LaurelEncoder
 
-        return build_with_layers(LaurelEncoder, make_layer, cfg, dictionary, embed_tokens, laurel_options(args))
+        return LaurelEncoder, LaurelDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.laurel_transformer import LaurelDecoder, laurel_options
+    def stack_args(cls, args) -> tuple:
+        from ..models.laurel_transformer import laurel_options
 
-        return build_with_layers(LaurelDecoder, make_layer, cfg, dictionary, embed_tokens, laurel_options(args),
-                                 no_encoder_attn)  # fmt: skip
+        return (laurel_options(args),)
 
 
 class LaurelRW(Laurel):
@@ -295,17 +301,14 @@ class HyperConnections(Aggregation):
             raise PluginOptionError(f"--hc-mode {args.hc_mode} contradicts {cls.label()}")
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.hc_transformer import HCEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.hc_transformer import HCDecoder, HCEncoder
 
-        return HCEncoder(cfg, dictionary, embed_tokens, args.hc_rate, args.hc_mode == "dynamic")
+        return HCEncoder, HCDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.hc_transformer import HCDecoder
-
-        return HCDecoder(cfg, dictionary, embed_tokens, args.hc_rate, args.hc_mode == "dynamic",
-                         no_encoder_attn=no_encoder_attn)  # fmt: skip
+    def stack_args(cls, args) -> tuple:
+        return args.hc_rate, args.hc_mode == "dynamic"
 
 
 class HCStatic(HyperConnections):

@@ -53,16 +53,14 @@ class MHC(Aggregation):
         return {"residual": cls.residual, "bias_init": args.mhc_bias_init}
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.mhc_transformer import MHCEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.mhc_transformer import MHCDecoder, MHCEncoder
 
-        return MHCEncoder(cfg, dictionary, embed_tokens, args.mhc_rate, cls.options(args))
+        return MHCEncoder, MHCDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.mhc_transformer import MHCDecoder
-
-        return MHCDecoder(cfg, dictionary, embed_tokens, args.mhc_rate, cls.options(args), no_encoder_attn)
+    def stack_args(cls, args) -> tuple:
+        return args.mhc_rate, cls.options(args)
 
 
 class MHCLite(MHC):
@@ -115,17 +113,14 @@ class Frac(Aggregation):
                 )
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.mhc_transformer import FracEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.mhc_transformer import FracDecoder, FracEncoder
 
-        return FracEncoder(cfg, dictionary, embed_tokens, args.frac_rate, args.frac_mode == "dynamic")
+        return FracEncoder, FracDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.mhc_transformer import FracDecoder
-
-        return FracDecoder(cfg, dictionary, embed_tokens, args.frac_rate, args.frac_mode == "dynamic",
-                           no_encoder_attn=no_encoder_attn)  # fmt: skip
+    def stack_args(cls, args) -> tuple:
+        return args.frac_rate, args.frac_mode == "dynamic"
 
 
 class AttnRes(Aggregation):
@@ -156,16 +151,14 @@ class AttnRes(Aggregation):
             )
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.mhc_transformer import AttnResEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.mhc_transformer import AttnResDecoder, AttnResEncoder
 
-        return AttnResEncoder(cfg, dictionary, embed_tokens, args.attnres_block_size)
+        return AttnResEncoder, AttnResDecoder
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.mhc_transformer import AttnResDecoder
-
-        return AttnResDecoder(cfg, dictionary, embed_tokens, args.attnres_block_size, no_encoder_attn)
+    def stack_args(cls, args) -> tuple:
+        return (args.attnres_block_size,)
 
 
 class AttnResBlock(AttnRes):
@@ -177,16 +170,10 @@ class MUDD(Aggregation):
     owns, own_layers = frozenset({"stream", "layer"}), True
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        from ..models.mudd_transformer import MUDDEncoder
+    def stacks(cls) -> tuple[type, type]:
+        from ..models.mudd_transformer import MUDDDecoder, MUDDEncoder
 
-        return MUDDEncoder(cfg, dictionary, embed_tokens)
-
-    @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        from ..models.mudd_transformer import MUDDDecoder
-
-        return MUDDDecoder(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        return MUDDEncoder, MUDDDecoder
 
 
 STREAM_AGGREGATIONS = (MHC, MHCLite, AttnRes, AttnResBlock, Frac, MUDD)

@@ -16,47 +16,22 @@ per-position; erf is bounded by 1 in float16 too).
 """
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .pointwise_norm import PointwiseNorm
 
 ALPHA_INIT = 0.5
 SHIFT_INIT = 0.0
 
 
-class DynamicErf(nn.Module):
+class DynamicErf(PointwiseNorm):
     """gamma * erf(alpha x + s) + beta over the trailing ``normalized_shape`` dimensions."""
 
-    def __init__(
-        self,
-        normalized_shape,
-        eps: float = 1e-5,
-        elementwise_affine: bool = True,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        export: bool = False,
-        alpha_init: float = ALPHA_INIT,
-        shift_init: float = SHIFT_INIT,
-    ):
-        super().__init__()
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None, export: bool = False, alpha_init: float = ALPHA_INIT,
+                 shift_init: float = SHIFT_INIT):  # fmt: skip
         del eps, export  # LayerNorm's signature; Derf divides by nothing and has no fused kernel to export
-        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.alpha_init, self.shift_init = alpha_init, shift_init
-        factory = {"device": device, "dtype": dtype}
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init), **factory))
-        self.shift = nn.Parameter(torch.full((1,), float(shift_init), **factory))
-        self.weight = nn.Parameter(torch.ones(self.normalized_shape, **factory)) if elementwise_affine else None
-        self.bias = nn.Parameter(torch.zeros(self.normalized_shape, **factory)) if elementwise_affine and bias else None
+        super().__init__(normalized_shape, elementwise_affine, bias, device, dtype, alpha=alpha_init, shift=shift_init)
 
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.erf(self.alpha.to(x.dtype) * x + self.shift.to(x.dtype))
-        if self.weight is not None:
-            y = y * self.weight.to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, alpha_init={self.alpha_init}, shift_init={self.shift_init}, "
-            f"affine={self.weight is not None}"
-        )
+    def squash(self, x: Tensor) -> Tensor:
+        return torch.erf(self.alpha.to(x.dtype) * x + self.shift.to(x.dtype))

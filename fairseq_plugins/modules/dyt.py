@@ -27,7 +27,9 @@ scalar, so nothing is upcast; the output is bounded by |gamma| + |beta| whatever
 """
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .pointwise_norm import PointwiseNorm
 
 ALPHA_INIT = 0.5
 # authors' LLaMA README: alpha_0 of the attention-input / FFN-input / final DyT per model size
@@ -39,36 +41,13 @@ LLAMA_ALPHA_INIT = {
 }
 
 
-class DynamicTanh(nn.Module):
+class DynamicTanh(PointwiseNorm):
     """gamma * tanh(alpha x) + beta over the trailing ``normalized_shape`` dimensions."""
 
-    def __init__(
-        self,
-        normalized_shape,
-        eps: float = 1e-5,
-        elementwise_affine: bool = True,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        export: bool = False,
-        alpha_init: float = ALPHA_INIT,
-    ):
-        super().__init__()
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None, export: bool = False, alpha_init: float = ALPHA_INIT):  # fmt: skip
         del eps, export  # LayerNorm's signature; DyT divides by nothing and has no fused kernel to export
-        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.alpha_init = alpha_init
-        factory = {"device": device, "dtype": dtype}
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init), **factory))
-        self.weight = nn.Parameter(torch.ones(self.normalized_shape, **factory)) if elementwise_affine else None
-        self.bias = nn.Parameter(torch.zeros(self.normalized_shape, **factory)) if elementwise_affine and bias else None
+        super().__init__(normalized_shape, elementwise_affine, bias, device, dtype, alpha=alpha_init)
 
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.tanh(self.alpha.to(x.dtype) * x)
-        if self.weight is not None:
-            y = y * self.weight.to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, alpha_init={self.alpha_init}, affine={self.weight is not None}"
+    def squash(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.alpha.to(x.dtype) * x)

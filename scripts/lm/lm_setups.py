@@ -19,38 +19,30 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "training")]  # setups (and training_common)
 
-from setups import Sourced
+from setups import FIELDS as TRANSLATION_FIELDS
+from setups import Sourced, _rows
+
+# the settings that mean the same for language models as for translation (described once, in setups.FIELDS)
+_OPTIMIZER = ("optimizer", "adam_betas", "lr", "lr_scheduler", "warmup_updates", "warmup_init_lr", "weight_decay",
+              "clip_norm", "dropout", "attention_dropout")  # fmt: skip
 
 # every setting of a set-up, in the order the dry run prints them
 FIELDS = {
     "tokens_per_sample": "sequence length (tokens per block)",
     "sample_break_mode": "how text is cut into blocks (none: a continuous stream)",
-    "optimizer": "optimizer",
-    "adam_betas": "Adam betas",
-    "lr": "peak learning rate",
-    "lr_scheduler": "learning-rate schedule",
-    "warmup_updates": "warm-up updates",
-    "warmup_init_lr": "learning rate at the start of warm-up",
-    "weight_decay": "weight decay (decoupled)",
-    "clip_norm": "gradient clipping (0: none)",
-    "dropout": "dropout",
-    "attention_dropout": "attention dropout",
+    **{name: TRANSLATION_FIELDS[name] for name in _OPTIMIZER},
     "tokens_per_update": "tokens per update (all GPUs x sequences x length x update_freq)",
     "max_tokens": "largest batch per GPU, in tokens (lowered to split tokens_per_update exactly)",
-    "max_update": "updates",
+    "max_update": TRANSLATION_FIELDS["max_update"],
     "share_embeddings": "input and output embeddings tied",
-    "precision": "fp32 | fp16 | amp | memory-efficient-fp16 (on GPUs)",
+    "precision": TRANSLATION_FIELDS["precision"],
     "checkpoint": "which checkpoint the evaluation reads",
-    "seed": "random seed",
-    "guidance_weight": "Crossformer-SG's alpha (crossformer_sg models only)",
+    "seed": TRANSLATION_FIELDS["seed"],
+    "guidance_weight": TRANSLATION_FIELDS["guidance_weight"],
 }
 
 _DCA = "DeepCrossAttention sec. 5"
 _FAIRSEQ_LM = "fairseq's LM example (examples/language_model, transformer_lm on WikiText-103)"
-
-
-def _rows(**fields) -> dict[str, Sourced]:
-    return {name: Sourced(*pair) for name, pair in fields.items()}
 
 
 DCA_PAPER = _rows(

@@ -28,10 +28,15 @@ from dataclasses import dataclass, field
 
 from lm_setups import FIELDS, SETUPS, SETUPS_ORDER
 from setups import Sourced, exact_worlds, override, split_batch
+from train_arguments import Parser, attach_save_dirs, check_archs_and_processes
 from train_options import (
+    GUIDANCE_CRITERION,
+    LAUNCHERS,
     choose_launcher,
     cuda_devices,
     launcher_prefix,
+    optimizer_options,
+    placement_options,
     precision_options,
 )
 from train_run import render, stream
@@ -47,14 +52,6 @@ from training_common import (
 )
 
 TAG = "train_lm"
-GUIDANCE_CRITERION = "label_smoothed_cross_entropy_with_guidance"
-DEFAULT_PORT = "29500"
-LAUNCHERS = ("auto", "torchrun", "slurm")
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the option, exit status 1, as every RecipeError
-        raise RecipeError(message)
 
 
 def count(name: str, env: str, least: int):
@@ -102,11 +99,7 @@ def parse_args(argv=None):
         raise RecipeError("ARCH and DATASET are required: usage: train_lm.py ARCH[,ARCH...] DATASET")
     if args.hparams not in SETUPS:
         raise RecipeError(f"--hparams {args.hparams!r} (HPARAMS): allowed {', '.join(SETUPS_ORDER)}")
-    args.archs = [a for a in (args.arch or "").split(",") if a]
-    if len(set(args.archs)) != len(args.archs):
-        raise RecipeError(f"ARCH {args.arch!r} names an architecture twice")
-    if args.gpus and args.cpu_procs > 1:
-        raise RecipeError(f"--cpu-procs {args.cpu_procs} (CPU_PROCS) is for --gpus 0 (NUM_GPUS=0) only")
+    check_archs_and_processes(args)
     return args
 
 
@@ -217,25 +210,14 @@ def plan(args, arch: str, setup: str, env=None, visible: int | None = None, read
 
     cmd = [data, "--user-dir", PLUGIN_DIR, "--arch", arch, "--task", "language_modeling",
            "--tokens-per-sample", str(length), "--sample-break-mode", v["sample_break_mode"],
-           "--optimizer", v["optimizer"], "--adam-betas", v["adam_betas"], "--lr", repr(v["lr"]),
-           "--lr-scheduler", v["lr_scheduler"], "--warmup-updates", str(v["warmup_updates"]),
-           "--warmup-init-lr", repr(v["warmup_init_lr"]), "--weight-decay", repr(v["weight_decay"]),
-           "--clip-norm", repr(v["clip_norm"]), "--dropout", repr(v["dropout"]),
-           "--attention-dropout", repr(v["attention_dropout"])]  # fmt: skip
+           *optimizer_options(v)]  # fmt: skip
     if v["share_embeddings"]:
         cmd += ["--share-decoder-input-output-embed"]
     cmd += ["--batch-size", str(sequences), "--max-tokens", str(sequences * length),
             "--required-batch-size-multiple", "1", "--update-freq", str(update_freq), "--max-update", str(v["max_update"])]  # fmt: skip
     cmd += precision_options(precision, gpus)
     cmd += ["--no-epoch-checkpoints", "--seed", str(v["seed"]), "--log-format", "simple", "--log-interval", "100"]
-    if not gpus:
-        cmd += ["--cpu"]
-    if world > 1:
-        cmd += ["--distributed-world-size", str(world)]
-        if not gpus:  # NCCL needs GPUs; fairseq's c10d DDP wrapper does not run on CPU tensors here
-            cmd += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
-        if launcher == "slurm":
-            cmd += ["--distributed-port", env.get("MASTER_PORT") or DEFAULT_PORT]
+    cmd += placement_options(gpus, world, launcher, env)
     cmd += ["--save-dir", args.save_dir_for(arch, name), *criterion_options(family, rows)]
     changed = sorted({a for a in args.extra if a.startswith("--")} & set(map(str, cmd)))
     if changed:
@@ -253,15 +235,6 @@ def describe(p: Plan) -> list[str]:
     lines.append(f"tokens per update: {p.nodes} node(s) x {p.processes} {unit} x --batch-size {p.sequences} x "
                  f"{p.rows['tokens_per_sample'].value} tokens x --update-freq {p.update_freq} = {p.tokens_per_update}")  # fmt: skip
     return lines
-
-
-def attach_save_dirs(args) -> None:
-    def save_dir_for(arch: str, name: str) -> Path:
-        if args.save_dir is None:
-            return REPO / "checkpoints" / name / arch
-        return args.save_dir if len(args.archs) == 1 else args.save_dir / arch
-
-    args.save_dir_for = save_dir_for
 
 
 def train(p: Plan) -> None:

@@ -150,17 +150,19 @@ def schedule_args(run: Run, budget: Budget) -> list[str]:
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(run.warmup), "--warmup-init-lr", "1e-07"]
 
 
-def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: dict, save_dir: Path,
-                  valid_every: int, model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
-    """fairseq-train for one run; ``model_args`` and ``extra`` come last, so they override the set-up."""
+def optimizer_args(run: Run, setup, budget: Budget) -> list[str]:
+    """Adam at the run's lr and schedule, with the set-up's clipping, weight decay and dropout (translation and
+    language-model studies alike)."""
+    return ["--optimizer", "adam", "--adam-betas", setup.adam_betas, "--lr", repr(run.lr), *schedule_args(run, budget),
+            "--clip-norm", repr(setup.clip_norm), "--weight-decay", repr(setup.weight_decay),
+            "--dropout", repr(setup.dropout)]  # fmt: skip
+
+
+def run_args(run: Run, setup, budget: Budget, save_dir: Path, valid_every: int) -> list:
+    """What every run's command ends with before MODEL_ARGS: batch, seed, one CPU process, a checkpoint and JSON
+    log records at every validation, and the budget."""
     log_every = max(1, min(50, valid_every // 2))
-    cmd = fairseq_module("train") + [
-        data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", "translation",
-        "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
-        "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", setup.adam_betas,
-        "--lr", repr(run.lr), *schedule_args(run, budget), "--clip-norm", repr(setup.clip_norm),
-        "--weight-decay", repr(setup.weight_decay), "--dropout", repr(setup.dropout),
-        "--label-smoothing", repr(setup.label_smoothing), *criterion_args(run.arch),
+    cmd = [
         "--max-tokens", str(setup.max_tokens), "--seed", str(run.seed), "--cpu", "--num-workers", "0",
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(valid_every),
         "--keep-interval-updates", "1", "--validate-interval-updates", str(valid_every),
@@ -172,6 +174,19 @@ def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: 
         cmd += ["--stop-time-hours", repr(budget.minutes / 60)]
     if budget.patience:  # absent without PATIENCE, so the committed studies' commands stay as they were
         cmd += ["--patience", str(budget.patience)]
+    return cmd
+
+
+def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: dict, save_dir: Path,
+                  valid_every: int, model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
+    """fairseq-train for one run; ``model_args`` and ``extra`` come last, so they override the set-up."""
+    cmd = fairseq_module("train") + [
+        data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", "translation",
+        "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
+        "--share-all-embeddings", *optimizer_args(run, setup, budget),
+        "--label-smoothing", repr(setup.label_smoothing), *criterion_args(run.arch),
+        *run_args(run, setup, budget, save_dir, valid_every),
+    ]  # fmt: skip
     return [str(c) for c in cmd + model_args + extra]
 
 

@@ -35,7 +35,8 @@ from study_common import (
     Budget,
     RecipeError,
     Run,
-    schedule_args,
+    optimizer_args,
+    run_args,
 )
 
 SCRIPTS = Path(__file__).resolve().parents[1]
@@ -111,24 +112,12 @@ def criterion_args(arch: str) -> list[str]:
 def train_command(run: Run, setup: LMSetup, budget: Budget, data: Path, save_dir: Path, valid_every: int,
                   model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
     """fairseq-train --task language_modeling for one run; ``model_args`` and ``extra`` come last (they win)."""
-    log_every = max(1, min(50, valid_every // 2))
     cmd = fairseq_module("train") + [
         data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", TASK,
         "--tokens-per-sample", str(setup.tokens_per_sample), "--sample-break-mode", "none",
-        "--share-decoder-input-output-embed", "--optimizer", "adam", "--adam-betas", setup.adam_betas,
-        "--lr", repr(run.lr), *schedule_args(run, budget), "--clip-norm", repr(setup.clip_norm),
-        "--weight-decay", repr(setup.weight_decay), "--dropout", repr(setup.dropout), *criterion_args(run.arch),
-        "--max-tokens", str(setup.max_tokens), "--seed", str(run.seed), "--cpu", "--num-workers", "0",
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(valid_every),
-        "--keep-interval-updates", "1", "--validate-interval-updates", str(valid_every),
-        "--log-format", "json", "--log-interval", str(log_every), "--no-progress-bar",
+        "--share-decoder-input-output-embed", *optimizer_args(run, setup, budget), *criterion_args(run.arch),
+        *run_args(run, setup, budget, save_dir, valid_every),
     ]  # fmt: skip
-    if budget.max_update:
-        cmd += ["--max-update", str(budget.max_update)]
-    if budget.minutes:
-        cmd += ["--stop-time-hours", repr(budget.minutes / 60)]
-    if budget.patience:
-        cmd += ["--patience", str(budget.patience)]
     return [str(c) for c in cmd + model_args + extra]
 
 

@@ -8,26 +8,32 @@ log-likelihood per token (model - baseline); two models are called level only wh
 the perplexity difference lies inside ±LEVEL_MARGIN perplexity points.
 """
 
-import json
 import shlex
-import time
 
 import study_lm
 import study_plots
 import study_stats
-from study_common import as_dict, command_line, describe_machine, write_json
-from study_report import (
+from study_common import write_json
+from study_report_common import (
     _ci_text,
-    _earlier,
     _envelope,
-    _now,
-    _portable,
     _share,
     _shown,
     _trend_text,
+    add_first_valid_loss,
+    chosen_results,
+    comparison_sections,
+    comparisons_of,
+    heading,
+    minutes_text,
+    paired_groups,
+    partial,
+    reach_text,
+    results_record,
+    run_context,
     runs_and_choices,
 )
-from study_stats import P_SIGNIFICANT, _chosen, _fmt
+from study_stats import P_SIGNIFICANT, _fmt
 
 SCORES = ("valid_ppl", "test_ppl")
 
@@ -35,27 +41,11 @@ SCORES = ("valid_ppl", "test_ppl")
 def report(args, study, runs, data, manifest: dict, info: dict, started: str, env_vars: tuple, repo,
            missing=()) -> dict:  # fmt: skip
     """results.json, results.md, curves.png, perplexity.png; returns the context for the console."""
-    results = {run: study.result(run) for run in runs}
-    for r in results.values():
-        r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope)
-    choices = study_stats.choose_settings(results, args.seed_list[0])
-    chosen = {run: r for run, r in results.items() if _chosen(run, choices)}
-    by_seed: dict[tuple, list] = {}
-    by_arch: dict[tuple, list] = {}
-    for variant in args.variant_list:
-        for arch in args.arch_list:
-            for run, r in chosen.items():
-                if run.group == (arch, variant):
-                    by_seed.setdefault((variant, run.seed), []).append((arch, r["scores"]))
-                    by_arch.setdefault(("variants", arch, run.seed), []).append((variant, r["scores"]))
-    groups = {key: systems for key, systems in by_seed.items() if systems[0][0] == args.arch_list[0]}
-    if len(args.variant_list) > 1:
-        groups.update({key: systems for key, systems in by_arch.items() if systems[0][0] == args.variant_list[0]})
+    results, choices, chosen = chosen_results(study, runs, args)
+    groups = paired_groups(args, chosen, "scores")
     tests = study_lm.paired_tests(groups, args.bootstrap) if args.bootstrap else {}
     rows = study_stats.summarize(results, args.arch_list, args.variant_list, choices, tests, scores=SCORES)
-    for row in rows:
-        firsts = [r["first_valid_loss"] for run, r in chosen.items() if run.group == (row["arch"], row["variant"])]
-        row["first_valid_loss"] = study_stats.mean_std(firsts)[0]
+    add_first_valid_loss(rows, chosen)
     out = args.out_dir
     curves_png, ppl_png = out / "curves.png", out / "perplexity.png"
     study_plots.plots(results, rows, choices, curves_png, ppl_png, score="valid_ppl",
@@ -65,40 +55,23 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
                                                       "warmup_list", "max_update", "train_minutes", "patience",
                                                       "model_args", "jobs", "threads", "valid_every", "bootstrap",
                                                       "level_margin", "falling_last", "falling_slope")}  # fmt: skip
-    earlier = _earlier(out) if args.report_only else {}
-    comparisons = [{"key": list(key[:-1]), "system": key[-1], **value} for key, value in tests.items()]
     s = args.setup
     context = {
-        "archs": args.arch_list, "command": command_line(env_vars), "machine_text": describe_machine(info),
-        "started": earlier.get("started", started), "rewritten": _now() if args.report_only else None,
-        "total_minutes": earlier.get("total_minutes", (time.time() - study.start) / 60),
+        **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
         "data_text": f"{manifest.get('dataset', data.name)}, language modeling (`{_shown(data, repo)}`)",
-        "budget_text": args.budget.describe(), "jobs": args.jobs, "threads": args.threads,
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, packed blocks of {s.tokens_per_sample} "
                       f"tokens, Adam {s.adam_betas}, peak lr {'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout "
                       f"{s.dropout}, weight decay {s.weight_decay}, {s.max_tokens} tokens per update, tied embeddings, "
                       f"validation every {args.valid_every} updates"
                       + (f", extra `{shlex.join(args.extra)}`" if args.extra else "") + " (MODEL_ARGS and extra options win)",
         "sentences": any_result["sentences"], "skipped": max(sum(r["skipped"].values()) for r in results.values()),
-        "bootstrap": args.bootstrap, "margin": args.level_margin,
-        "falling_last": args.falling_last, "falling_slope": args.falling_slope,
-        "curves_png": str(curves_png), "ppl_png": str(ppl_png), "missing": [run.name for run in missing],
-        "report_only": args.report_only, "comparisons": comparisons, "runs": list(results.items()),
+        "curves_png": str(curves_png), "ppl_png": str(ppl_png),
     }  # fmt: skip
     context["reading"] = reading(rows, context, missing=len(missing), total=len(runs) + len(missing),
                                  runs=list(results.values()))  # fmt: skip
     (out / "results.md").write_text(markdown(rows, choices, context), encoding="utf-8")
-    write_json(out / "results.json", {
-        "command": context["command"], "machine": info, "started": context["started"], "task": study_lm.TASK,
-        "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
-        "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
-        "setup": as_dict(args.setup), "settings": settings, "data": _shown(data, repo), "test_set": "test",
-        "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
-        "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()], "comparisons": comparisons,
-        "runs": [{**as_dict(run), "name": run.name,
-                  "command": _portable(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
-                  **{k: v for k, v in r.items() if k != "scores"}} for run, r in results.items()],
-    })  # fmt: skip
+    write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo), "test",
+                                                    rows, choices, results, repo, "scores", task=study_lm.TASK))
     return {**context, "rows": rows}
 
 
@@ -121,38 +94,26 @@ def _comparison_table(entries: list[dict], first: str, margin: float) -> list[st
 
 
 def markdown(rows: list[dict], choices: dict, context: dict) -> str:
-    rewritten = f" Report rewritten {context['rewritten']} without training (REPORT_ONLY)." if context.get("rewritten") else ""
-    lines = [f"# Language-model study: {', '.join(context['archs'])}", "", f"Command: `{context['command']}`", "",
-             f"Machine: {context['machine_text']}. Started {context['started']}, {context['total_minutes']:.1f} min in all."
-             + rewritten, "",
-             (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
-              f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Scored: "
-              f"checkpoint_best.pt (lowest valid loss), one sentence per example (--sample-break-mode eos); test set "
-              f"{context['sentences']} sentences.")
-             + (f" **{context['skipped']} valid/test sentence(s) longer than the model's positions (--tokens-per-sample) "
-                "were skipped by fairseq's scorer**: the perplexities are over the others." if context["skipped"] else ""),
-             "",
-             ("| model | variant | lr | warm-up | seeds | parameters | valid ppl | test ppl | valid loss | updates | "
-              "train time | to baseline's loss | p (test ppl) | Δppl 95% CI | still falling | best = last |"),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = heading("Language-model study", context) + [
+        (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
+         f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Scored: "
+         f"checkpoint_best.pt (lowest valid loss), one sentence per example (--sample-break-mode eos); test set "
+         f"{context['sentences']} sentences.")
+        + (f" **{context['skipped']} valid/test sentence(s) longer than the model's positions (--tokens-per-sample) "
+           "were skipped by fairseq's scorer**: the perplexities are over the others." if context["skipped"] else ""),
+        "",
+        ("| model | variant | lr | warm-up | seeds | parameters | valid ppl | test ppl | valid loss | updates | "
+         "train time | to baseline's loss | p (test ppl) | Δppl 95% CI | still falling | best = last |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        reach = "-"
-        if r["compared"]:
-            reach = f"{r['reach_updates']:.0f} upd, {r['reach_seconds'] / 60:.1f} min" if r["reached"] else "not reached"
-            if 0 < r["reached"] < r["compared"]:
-                reach += f" ({r['reached']}/{r['compared']} seeds)"
-        minutes = None if r["train_seconds"] is None else r["train_seconds"] / 60
-        minutes_std = None if r["train_seconds_std"] is None else r["train_seconds_std"] / 60
         ci = _ci_text(_envelope(r["p_values"] or [], "ppl")) if r["p_values"] is not None else "baseline"
         lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
                      f"{r['warmup'] if r['variant'] != 'nowarmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
                      f"{_fmt(r['valid_ppl'], r['valid_ppl_std'])} | {_fmt(r['test_ppl'], r['test_ppl_std'])} | "
                      f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
-                     f"{_fmt(minutes, minutes_std, 1)} min | {reach} | {_p_text(r['p_values'])} | {ci} | "
+                     f"{minutes_text(r)} | {reach_text(r)} | {_p_text(r['p_values'])} | {ci} | "
                      f"{_share(r['still_falling'], len(r['seeds']))} | {_share(r['best_is_last'], len(r['seeds']))} |")  # fmt: skip
-    if context.get("missing"):
-        lines += ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
-                      + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
+    lines += partial(context)
     lines += ["", ("Mean ± standard deviation over seeds. Perplexity: exp of the mean negative log-likelihood per "
                    "token (natural log; fairseq-eval-lm's) of checkpoint_best.pt, one sentence per example. Valid loss: "
                    "fairseq's cross-entropy (base 2) at the last validation, on the training's packed blocks. p: paired "
@@ -160,21 +121,11 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
                    "resamples of the test sentences, sacrebleu's resampling and p-value), the largest p over seeds; "
                    "Δppl 95% CI: from the lowest to the highest bound of the seeds' intervals of the difference "
                    f"(model - first model). Still falling: runs with a {_trend_text(context)}."), ""]  # fmt: skip
-    compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
-    if compared:
-        lines += ["## Paired comparisons against the first model", "",
-                  (f"Per seed, on the test sentences: the difference (model - {context['archs'][0]}) in perplexity and "
-                   "in mean log-likelihood per token, their 95% intervals from the same bootstrap resamples, and the "
-                   f"p-value. Level: the perplexity interval lies inside ±{context['margin']:g} (LEVEL_MARGIN); a p "
-                   "above 0.05 alone says only that no difference was shown."), ""]  # fmt: skip
-        lines += _comparison_table([{**c, "label": f"{c['system']} ({c['key'][0]})", "seed": c["key"][1]} for c in compared],
-                                   "model (variant)", context["margin"]) + [""]  # fmt: skip
-    variants = [c for c in context["comparisons"] if c["key"][0] == "variants"]
-    if variants:
-        first = rows[0]["variant"] if rows else ""
-        lines += [f"## Each model's variants against its {first} variant", ""]
-        lines += _comparison_table([{**c, "label": f"{c['key'][1]}: {c['system']} - {first}", "seed": c["key"][2]}
-                                    for c in variants], "model: variant", context["margin"]) + [""]  # fmt: skip
+    lines += comparison_sections(rows, context, (
+        f"Per seed, on the test sentences: the difference (model - {context['archs'][0]}) in perplexity and "
+        "in mean log-likelihood per token, their 95% intervals from the same bootstrap resamples, and the "
+        f"p-value. Level: the perplexity interval lies inside ±{context['margin']:g} (LEVEL_MARGIN); a p "
+        "above 0.05 alone says only that no difference was shown."), _comparison_table)  # fmt: skip
     lines += runs_and_choices(context, choices)
     lines += ["## Plots", "", "![learning curves](curves.png)", "", "![validation perplexity](perplexity.png)", "",
               "## Reading", "", context["reading"], ""]  # fmt: skip

@@ -9,150 +9,71 @@ convergence shows. Where LRS/WARMUPS offered several settings, every candidate i
 the choice lands on the edge of the grid.
 """
 
-import json
 import shlex
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import study_plots
 import study_stats
-from study_common import (
-    Run,
-    as_dict,
-    command_line,
-    describe_machine,
-    read_lines,
-    write_json,
+from study_common import Run, read_lines, write_json
+from study_report_common import (
+    _ci_text,
+    _envelope,
+    _portable,  # noqa: F401 (the tests read it here)
+    _share,
+    _shown,
+    _trend_text,
+    add_first_valid_loss,
+    chosen_results,
+    comparison_sections,
+    comparisons_of,
+    heading,
+    minutes_text,
+    paired_groups,
+    partial,
+    reach_text,
+    results_record,
+    run_context,
+    runs_and_choices,
 )
-from study_stats import P_SIGNIFICANT, _chosen, _fmt
-
-
-def _shown(path: Path, repo: Path) -> str:
-    """A path inside the repository relative to it, so a committed study names no machine's directories."""
-    try:
-        return str(path.resolve().relative_to(repo.resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _portable(cmd: list[str], repo: Path) -> list[str]:
-    """A run's command without this machine's places: the interpreter as ``python``, the plugin and
-    repository paths relative (the stored command.json keeps them as run, for resuming)."""
-    out = []
-    for i, token in enumerate(cmd):
-        if i == 0 and token.startswith("/"):
-            token = "python"
-        elif token.startswith("/"):
-            shown = _shown(Path(token), repo)
-            if shown.startswith("/") and "/fairseq_plugins" in shown:
-                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
-            token = shown
-        out.append(token)
-    return out
-
-
-def _earlier(out: Path) -> dict:
-    """The start and duration of the study that trained the runs, kept when a report is rewritten."""
-    try:
-        old = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        return {"started": old["started"], "total_minutes": old["total_minutes"]}
-    except (OSError, ValueError, KeyError):
-        return {}
+from study_stats import P_SIGNIFICANT, _fmt
 
 
 def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict, started: str, env_vars: tuple,
            repo: Path, missing: list[Run] = ()) -> dict:  # fmt: skip
     """results.json, results.md, curves.png, bleu.png; returns the context (with the reading) for the console."""
-    results = {run: study.result(run) for run in runs}
-    for r in results.values():
-        r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope)
-    choices = study_stats.choose_settings(results, args.seed_list[0])
-    chosen = {run: r for run, r in results.items() if _chosen(run, choices)}
-    by_seed: dict[tuple, list] = {}
-    by_arch: dict[tuple, list] = {}
-    for variant in args.variant_list:
-        for arch in args.arch_list:
-            for run, r in chosen.items():
-                if run.group == (arch, variant):
-                    by_seed.setdefault((variant, run.seed), []).append((arch, r["hyps"]))
-                    by_arch.setdefault(("variants", arch, run.seed), []).append((variant, r["hyps"]))
-    # a seed whose baseline run (or first variant) is missing (a partial report) has nothing to be paired with
-    groups = {key: systems for key, systems in by_seed.items() if systems[0][0] == args.arch_list[0]}
-    if len(args.variant_list) > 1:  # each model under each variant against itself under the first variant
-        groups.update({key: systems for key, systems in by_arch.items() if systems[0][0] == args.variant_list[0]})
+    results, choices, chosen = chosen_results(study, runs, args)
+    groups = paired_groups(args, chosen, "hyps")
     references = read_lines(data / study.test_set["reference"])
     tests = study_stats.paired_tests(groups, references, args.bootstrap) if args.bootstrap else {}
     rows = study_stats.summarize(results, args.arch_list, args.variant_list, choices, tests)
-    for row in rows:  # the first validation, for the reading's "did not train"
-        firsts = [r["first_valid_loss"] for run, r in chosen.items() if run.group == (row["arch"], row["variant"])]
-        row["first_valid_loss"] = study_stats.mean_std(firsts)[0]
+    add_first_valid_loss(rows, chosen)
     out = args.out_dir
     curves_png, bleu_png = out / "curves.png", out / "bleu.png"
     study_plots.plots(results, rows, choices, curves_png, bleu_png)
-    budget_text = args.budget.describe()
     any_result = next(iter(results.values()))
     settings = {key: getattr(args, key) for key in ("arch_list", "seed_list", "variant_list", "lr_list", "warmup_list",
                                                       "max_update", "train_minutes", "patience", "model_args",
                                                       "train_lines", "jobs", "threads", "valid_every", "bootstrap",
                                                       "level_margin", "falling_last", "falling_slope")}  # fmt: skip
-    earlier = _earlier(out) if args.report_only else {}
-    comparisons = [{"key": list(key[:-1]), "system": key[-1], **value} for key, value in tests.items()]
     context = {
-        "archs": args.arch_list, "command": command_line(env_vars), "machine_text": describe_machine(info),
-        "started": earlier.get("started", started), "rewritten": _now() if args.report_only else None,
-        "total_minutes": earlier.get("total_minutes", (time.time() - study.start) / 60),
+        **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
         "data_text": f"{manifest.get('dataset', data.name)} {manifest['source_lang']}->{manifest['target_lang']} "
                      f"(`{_shown(data, repo)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
-        "budget_text": budget_text, "jobs": args.jobs, "threads": args.threads,
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, Adam {args.setup.adam_betas}, peak lr "
                       f"{'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout {args.setup.dropout}, label smoothing "
                       f"{args.setup.label_smoothing}, weight decay {args.setup.weight_decay}, {args.setup.max_tokens} "
                       f"tokens per update, validation every {args.valid_every} updates"
                       + (f", extra `{shlex.join(args.extra)}`" if args.extra else ""),
         "test_set": study.test_set["name"], "sentences": any_result["sentences"], "beam": any_result["beam"],
-        "bootstrap": args.bootstrap, "signature": any_result["signature"], "margin": args.level_margin,
-        "falling_last": args.falling_last, "falling_slope": args.falling_slope,
-        "curves_png": str(curves_png), "bleu_png": str(bleu_png),
-        "missing": [run.name for run in missing], "report_only": args.report_only, "comparisons": comparisons,
-        "runs": [(run, r) for run, r in results.items()],
+        "signature": any_result["signature"], "curves_png": str(curves_png), "bleu_png": str(bleu_png),
     }  # fmt: skip
-    context["reading"] = reading(rows, budget_text, missing=len(missing), total=len(runs) + len(missing),
+    context["reading"] = reading(rows, context["budget_text"], missing=len(missing), total=len(runs) + len(missing),
                                  margin=args.level_margin, runs=list(results.values()), choices=choices,
                                  trend_text=_trend_text(context))  # fmt: skip
     (out / "results.md").write_text(markdown(rows, choices, context), encoding="utf-8")
-    write_json(out / "results.json", {
-        "command": context["command"], "machine": info, "started": context["started"],
-        "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
-        "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
-        "setup": as_dict(args.setup), "settings": settings, "data": _shown(data, repo), "test_set": study.test_set["name"],
-        "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
-        "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()], "comparisons": comparisons,
-        "runs": [{**as_dict(run), "name": run.name,
-                  "command": _portable(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
-                  **{k: v for k, v in r.items() if k not in ("hyps",)}} for run, r in results.items()],
-    })  # fmt: skip
+    write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo),
+                                                    study.test_set["name"], rows, choices, results, repo, "hyps"))
     return {**context, "rows": rows}
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _trend_text(context: dict) -> str:
-    return (f"valid-loss slope over the last {context['falling_last']} validations below "
-            f"-{context['falling_slope']:g} per 100 updates")
-
-
-def _envelope(entries: list[dict], metric: str) -> tuple[float, float] | None:
-    found = [e for e in entries if e and f"{metric}_ci" in e]
-    if not found:
-        return None
-    return min(e[f"{metric}_ci"][0] for e in found), max(e[f"{metric}_ci"][1] for e in found)
-
-
-def _ci_text(ci) -> str:
-    return "-" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
 def _p_text(p_values: list | None) -> str:
@@ -164,10 +85,6 @@ def _p_text(p_values: list | None) -> str:
     bleu = max(p["bleu_p"] for p in found)
     chrf = max(p["chrf_p"] for p in found)
     return f"{bleu:.3f} / {chrf:.3f}"
-
-
-def _share(count: int, total: int) -> str:
-    return f"{count}/{total}" if total else "-"
 
 
 def _comparison_table(entries: list[dict], first: str, margin: float) -> list[str]:
@@ -182,36 +99,23 @@ def _comparison_table(entries: list[dict], first: str, margin: float) -> list[st
 
 def markdown(rows: list[dict], choices: dict, context: dict) -> str:
     """results.md: how it was run, the table, the comparisons, the runs, the choices, the plots, the reading."""
-    rewritten = f" Report rewritten {context['rewritten']} without training (REPORT_ONLY)." if context.get("rewritten") else ""
-    lines = [f"# Study: {', '.join(context['archs'])}", "",
-             f"Command: `{context['command']}`", "",
-             f"Machine: {context['machine_text']}. Started {context['started']}, {context['total_minutes']:.1f} min in all."
-             + rewritten, "",
-             (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
-             f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Test set "
-             f"{context['test_set']} ({context['sentences']} sentences), beam {context['beam']}, "
-             f"checkpoint_best.pt (lowest valid loss)."), "",
-             ("| model | variant | lr | warm-up | seeds | parameters | sacreBLEU | chrF | valid loss | updates | "
-             "train time | to baseline's loss | p (BLEU / chrF) | ΔBLEU 95% CI | still falling | best = last |"),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = heading("Study", context) + [
+        (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
+         f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Test set "
+         f"{context['test_set']} ({context['sentences']} sentences), beam {context['beam']}, "
+         f"checkpoint_best.pt (lowest valid loss)."), "",
+        ("| model | variant | lr | warm-up | seeds | parameters | sacreBLEU | chrF | valid loss | updates | "
+         "train time | to baseline's loss | p (BLEU / chrF) | ΔBLEU 95% CI | still falling | best = last |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        reach = "-"
-        if r["compared"]:
-            reach = (f"{r['reach_updates']:.0f} upd, {r['reach_seconds'] / 60:.1f} min" if r["reached"] else "not reached")
-            if 0 < r["reached"] < r["compared"]:
-                reach += f" ({r['reached']}/{r['compared']} seeds)"
-        minutes = None if r["train_seconds"] is None else r["train_seconds"] / 60
-        minutes_std = None if r["train_seconds_std"] is None else r["train_seconds_std"] / 60
         ci = _ci_text(_envelope(r["p_values"] or [], "bleu")) if r["p_values"] is not None else "baseline"
         lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
                      f"{r['warmup'] if r['variant'] != 'nowarmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
                      f"{_fmt(r['bleu'], r['bleu_std'])} | {_fmt(r['chrf'], r['chrf_std'])} | "
                      f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
-                     f"{_fmt(minutes, minutes_std, 1)} min | {reach} | {_p_text(r['p_values'])} | {ci} | "
+                     f"{minutes_text(r)} | {reach_text(r)} | {_p_text(r['p_values'])} | {ci} | "
                      f"{_share(r['still_falling'], len(r['seeds']))} | {_share(r['best_is_last'], len(r['seeds']))} |")  # fmt: skip
-    if context.get("missing"):
-        lines += ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
-                      + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
+    lines += partial(context)
     lines += ["", ("Mean ± standard deviation over seeds. Valid loss: fairseq's label-smoothed loss (base 2) at the "
               "last validation. p: sacrebleu's paired bootstrap resampling against the first model of the same "
               f"variant ({context['bootstrap']} samples), the largest p over seeds; ΔBLEU 95% CI: from the lowest to "
@@ -219,59 +123,17 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
               "resamples. Train time counts fairseq's start-up; 'to baseline's loss' is the first validation at or "
               "below the baseline's final valid loss (same seed). Still falling: runs with a "
               f"{_trend_text(context)}; best = last: runs whose lowest valid loss is at their last validation."), ""]  # fmt: skip
-    compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
-    if compared:
-        lines += ["## Paired comparisons against the first model", "",
-                  (f"Per seed: the difference (model - {context['archs'][0]}) in corpus BLEU and chrF, the 95% "
-                   "confidence interval of the difference from sacrebleu's paired bootstrap resamples, and its p-value. "
-                   f"Level: the interval lies inside ±{context['margin']:g} BLEU (LEVEL_MARGIN); a p above 0.05 alone "
-                   "says only that no difference was shown."), ""]  # fmt: skip
-        lines += _comparison_table([{**c, "label": f"{c['system']} ({c['key'][0]})", "seed": c["key"][1]} for c in compared],
-                                   "model (variant)", context["margin"]) + [""]  # fmt: skip
-    variants = [c for c in context["comparisons"] if c["key"][0] == "variants"]
-    if variants:
-        first = rows[0]["variant"] if rows else ""
-        lines += [f"## Each model's variants against its {first} variant", ""]
-        lines += _comparison_table([{**c, "label": f"{c['key'][1]}: {c['system']} - {first}", "seed": c["key"][2]}
-                                    for c in variants], "model: variant", context["margin"]) + [""]  # fmt: skip
+    lines += comparison_sections(rows, context, (
+        f"Per seed: the difference (model - {context['archs'][0]}) in corpus BLEU and chrF, the 95% "
+        "confidence interval of the difference from sacrebleu's paired bootstrap resamples, and its p-value. "
+        f"Level: the interval lies inside ±{context['margin']:g} BLEU (LEVEL_MARGIN); a p above 0.05 alone "
+        "says only that no difference was shown."), _comparison_table)  # fmt: skip
     lines += runs_and_choices(context, choices)
     # the plots sit beside results.md: relative links keep a copied or committed study folder readable
     lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",
               f"![BLEU]({Path(context['bleu_png']).name})", "",
               f"sacreBLEU signature: `{context['signature']}`", "", "## Reading", "", context["reading"], ""]  # fmt: skip
     return "\n".join(lines)
-
-
-def runs_and_choices(context: dict, choices: dict) -> list[str]:
-    """results.md's sections on every run's trend and on every lr/warm-up candidate (translation and LM alike)."""
-    lines = ["## Runs: was the validation loss still falling at the end?", "",
-              (f"Slope: least-squares slope of the valid loss over the last {context['falling_last']} validations, per "
-               f"100 updates; still falling below -{context['falling_slope']:g} (FALLING_LAST, FALLING_SLOPE). "
-               "Best: the lowest valid loss and its update (the evaluated checkpoint_best.pt)."), "",
-              "| run | updates | stopped by | best valid loss (update) | last valid loss | slope | still falling | best = last |",
-              "|---|---:|---|---:|---:|---:|---|---|"]  # fmt: skip
-    for run, r in context["runs"]:
-        t = r["trend"]
-        falling = "-" if t["falling"] is None else ("yes" if t["falling"] else "no")
-        best = "-" if r["best_valid_loss"] is None else f"{r['best_valid_loss']:.3f} ({r['best_valid_update']})"
-        lines.append(f"| {run.name} | {r['updates']} | {r.get('stopped') or 'updates'} | {best} | "
-                     f"{_fmt(r['valid_loss'], None, 3)} | {_fmt(t['slope'], None, 3)} | {falling} | "
-                     f"{'yes' if t['best_is_last'] else 'no'} |")  # fmt: skip
-    lines.append("")
-    tuned = {g: c for g, c in choices.items() if len(c["candidates"]) > 1}
-    if tuned:
-        lines += ["## Learning rate and warm-up, chosen on validation loss (first seed)", "",
-                  "Every candidate of the grid; the choice is the lowest best valid loss (that of the evaluated checkpoint).", ""]
-        for (arch, variant), choice in tuned.items():
-            lines += [f"### {arch} ({variant})", "", "| lr | warm-up | final valid loss | best valid loss | chosen |",
-                      "|---:|---:|---:|---:|---|"]  # fmt: skip
-            for c in choice["candidates"]:
-                mark = "yes" if (c["lr"], c["warmup"]) == (choice["lr"], choice["warmup"]) else ""
-                lines.append(f"| {c['lr']:g} | {c['warmup']} | {_fmt(c['valid_loss'], None, 3)} | "
-                             f"{_fmt(c['best_valid_loss'], None, 3)} | {mark} |")  # fmt: skip
-            lines += [""] + [f"**Edge of the grid**: the choice is {note}." for note in choice.get("edges", [])]
-            lines += [""] if choice.get("edges") else []
-    return lines
 
 
 def _bleu_text(r: dict, base: dict, margin: float | None) -> str:

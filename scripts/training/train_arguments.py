@@ -76,12 +76,17 @@ def parse_args(argv=None, description: str | None = None):
     args.extra = extra
     if args.write_golden is None and (args.arch is None or args.dataset is None):
         raise RecipeError("ARCH and DATASET are required: usage: train_recipe.py ARCH[,ARCH...] DATASET")
+    check_archs_and_processes(args)
+    return args
+
+
+def check_archs_and_processes(args) -> None:
+    """``args.archs`` from ARCH (each once), and CPU_PROCS only on CPU (the LM recipe's command line too)."""
     args.archs = [a for a in (args.arch or "").split(",") if a]
     if len(set(args.archs)) != len(args.archs):
         raise RecipeError(f"ARCH {args.arch!r} names an architecture twice")
     if args.gpus and args.cpu_procs > 1:
         raise RecipeError(f"--cpu-procs {args.cpu_procs} (CPU_PROCS) is for --gpus 0 (NUM_GPUS=0) only")
-    return args
 
 
 def attach_save_dirs(args) -> None:

@@ -161,6 +161,15 @@ def embedding_options(rows, manifest, assumed_manifest: bool, assumed, notes) ->
     return ["--share-decoder-input-output-embed"]
 
 
+def optimizer_options(v: dict) -> list[str]:
+    """The optimizer, schedule and dropout of a set-up's values ``v`` (translation and language models alike)."""
+    return ["--optimizer", v["optimizer"], "--adam-betas", v["adam_betas"], "--lr", repr(v["lr"]),
+            "--lr-scheduler", v["lr_scheduler"], "--warmup-updates", str(v["warmup_updates"]),
+            "--warmup-init-lr", repr(v["warmup_init_lr"]), "--weight-decay", repr(v["weight_decay"]),
+            "--clip-norm", repr(v["clip_norm"]), "--dropout", repr(v["dropout"]),
+            "--attention-dropout", repr(v["attention_dropout"])]  # fmt: skip
+
+
 def precision_options(precision: str, gpus: int) -> list[str]:
     if precision == "fp16":  # on CPU plain --fp16 asserts CUDA; --fp16-no-flatten-grads trains in half precision
         return ["--fp16"] + (["--fp16-no-flatten-grads"] if gpus == 0 else [])
@@ -190,6 +199,18 @@ def arch_options(model: str, rows, precision: str) -> list[str]:
     scale = rows["dual_residual_scale"].value
     if model == "residual_transformer" and scale is not None and precision in ("fp16", "memory-efficient-fp16"):
         options += ["--dual-residual-scale", repr(scale)]  # ResiDual appendix H.3: keeps the dual stream in range
+    return options
+
+
+def placement_options(gpus: int, world: int, launcher: str, env) -> list[str]:
+    """CPU or GPUs, and the distributed options of ``world`` processes."""
+    options = [] if gpus else ["--cpu"]
+    if world > 1:
+        options += ["--distributed-world-size", str(world)]
+        if not gpus:  # NCCL needs GPUs; fairseq's c10d DDP wrapper does not run on CPU tensors here
+            options += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+        if launcher == "slurm":
+            options += ["--distributed-port", env.get("MASTER_PORT") or DEFAULT_PORT]
     return options
 
 

@@ -15,7 +15,6 @@ from setups import (
     split_batch,
 )
 from train_options import (
-    DEFAULT_PORT,
     PREPARE,
     arch_options,
     arch_width,
@@ -28,7 +27,9 @@ from train_options import (
     last_value,
     launcher_prefix,
     multilingual_options,
+    optimizer_options,
     parse_dataset_name,
+    placement_options,
     precision_options,
     resolve_data,
 )
@@ -145,11 +146,7 @@ def plan(args, arch: str, setup: str, why: str, env=None, visible: int | None = 
         notes.append(f"{arch} has width {width}; the set-up was run at {rows['width'].value} ({rows['width'].source})")
     v = {k: r.value for k, r in rows.items()}
     cmd = [data, "--user-dir", PLUGIN_DIR, "--arch", arch, *task,
-           "--optimizer", v["optimizer"], "--adam-betas", v["adam_betas"], "--lr", repr(v["lr"]),
-           "--lr-scheduler", v["lr_scheduler"], "--warmup-updates", str(v["warmup_updates"]),
-           "--warmup-init-lr", repr(v["warmup_init_lr"]), "--weight-decay", repr(v["weight_decay"]),
-           "--clip-norm", repr(v["clip_norm"]), "--dropout", repr(v["dropout"]),
-           "--attention-dropout", repr(v["attention_dropout"]), "--activation-dropout", repr(v["activation_dropout"]),
+           *optimizer_options(v), "--activation-dropout", repr(v["activation_dropout"]),
            "--label-smoothing", repr(v["label_smoothing"]),
            *embedding_options(rows, manifest, assumed_manifest, assumed, notes)]  # fmt: skip
     if v["max_positions"]:
@@ -162,14 +159,7 @@ def plan(args, arch: str, setup: str, why: str, env=None, visible: int | None = 
     if v["patience"]:
         cmd += ["--patience", str(v["patience"])]
     cmd += ["--seed", str(v["seed"]), "--log-format", "simple", "--log-interval", "100"]
-    if not gpus:
-        cmd += ["--cpu"]
-    if world > 1:
-        cmd += ["--distributed-world-size", str(world)]
-        if not gpus:  # NCCL needs GPUs; fairseq's c10d DDP wrapper does not run on CPU tensors here
-            cmd += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
-        if launcher == "slurm":
-            cmd += ["--distributed-port", env.get("MASTER_PORT") or DEFAULT_PORT]
+    cmd += placement_options(gpus, world, launcher, env)
     cmd += ["--save-dir", args.save_dir_for(arch, name), *arch_options(model, rows, precision)]
     extra_flags = {a for a in args.extra if a.startswith("--")}
     # pass-through options replace the recipe's (argparse keeps the last); the arch-bound ones are then dropped

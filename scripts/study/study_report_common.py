@@ -1,0 +1,223 @@
+"""What the translation report (study_report.py) and the language-model report (study_lm_report.py) share: the
+pairing of runs for the tests, the run-level context and record, and the sections of results.md whose wording
+does not depend on the score (the score-specific tables and sentences stay in each report)."""
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import study_stats
+from study_common import as_dict, command_line, describe_machine
+from study_stats import _chosen, _fmt
+
+
+def _shown(path: Path, repo: Path) -> str:
+    """A path inside the repository relative to it, so a committed study names no machine's directories."""
+    try:
+        return str(path.resolve().relative_to(repo.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _portable(cmd: list[str], repo: Path) -> list[str]:
+    """A run's command without this machine's places: the interpreter as ``python``, the plugin and
+    repository paths relative (the stored command.json keeps them as run, for resuming)."""
+    out = []
+    for i, token in enumerate(cmd):
+        if i == 0 and token.startswith("/"):
+            token = "python"
+        elif token.startswith("/"):
+            shown = _shown(Path(token), repo)
+            if shown.startswith("/") and "/fairseq_plugins" in shown:
+                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
+            token = shown
+        out.append(token)
+    return out
+
+
+def _earlier(out: Path) -> dict:
+    """The start and duration of the study that trained the runs, kept when a report is rewritten."""
+    try:
+        old = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        return {"started": old["started"], "total_minutes": old["total_minutes"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _trend_text(context: dict) -> str:
+    return (f"valid-loss slope over the last {context['falling_last']} validations below "
+            f"-{context['falling_slope']:g} per 100 updates")
+
+
+def _envelope(entries: list[dict], metric: str) -> tuple[float, float] | None:
+    found = [e for e in entries if e and f"{metric}_ci" in e]
+    if not found:
+        return None
+    return min(e[f"{metric}_ci"][0] for e in found), max(e[f"{metric}_ci"][1] for e in found)
+
+
+def _ci_text(ci) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def _share(count: int, total: int) -> str:
+    return f"{count}/{total}" if total else "-"
+
+
+def chosen_results(study, runs: list, args) -> tuple[dict, dict, dict]:
+    """Every run's result with its trend, the lr/warm-up choices, and the results at the chosen settings."""
+    results = {run: study.result(run) for run in runs}
+    for r in results.values():
+        r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope)
+    choices = study_stats.choose_settings(results, args.seed_list[0])
+    chosen = {run: r for run, r in results.items() if _chosen(run, choices)}
+    return results, choices, chosen
+
+
+def paired_groups(args, chosen: dict, outputs: str) -> dict[tuple, list]:
+    """The systems each paired test compares, with their ``outputs`` (a result's key): per variant and seed every
+    model against the first, and with several variants each model under each variant against its first."""
+    by_seed: dict[tuple, list] = {}
+    by_arch: dict[tuple, list] = {}
+    for variant in args.variant_list:
+        for arch in args.arch_list:
+            for run, r in chosen.items():
+                if run.group == (arch, variant):
+                    by_seed.setdefault((variant, run.seed), []).append((arch, r[outputs]))
+                    by_arch.setdefault(("variants", arch, run.seed), []).append((variant, r[outputs]))
+    # a seed whose baseline run (or first variant) is missing (a partial report) has nothing to be paired with
+    groups = {key: systems for key, systems in by_seed.items() if systems[0][0] == args.arch_list[0]}
+    if len(args.variant_list) > 1:  # each model under each variant against itself under the first variant
+        groups.update({key: systems for key, systems in by_arch.items() if systems[0][0] == args.variant_list[0]})
+    return groups
+
+
+def add_first_valid_loss(rows: list[dict], chosen: dict) -> None:
+    for row in rows:  # the first validation, for the reading's "did not train"
+        firsts = [r["first_valid_loss"] for run, r in chosen.items() if run.group == (row["arch"], row["variant"])]
+        row["first_valid_loss"] = study_stats.mean_std(firsts)[0]
+
+
+def comparisons_of(tests: dict) -> list[dict]:
+    return [{"key": list(key[:-1]), "system": key[-1], **value} for key, value in tests.items()]
+
+
+def run_context(args, study, info: dict, started: str, env_vars: tuple, results: dict, missing, comparisons) -> dict:
+    """The part of a report's context that does not depend on the task."""
+    earlier = _earlier(args.out_dir) if args.report_only else {}
+    return {
+        "archs": args.arch_list, "command": command_line(env_vars), "machine_text": describe_machine(info),
+        "started": earlier.get("started", started), "rewritten": _now() if args.report_only else None,
+        "total_minutes": earlier.get("total_minutes", (time.time() - study.start) / 60),
+        "budget_text": args.budget.describe(), "jobs": args.jobs, "threads": args.threads,
+        "bootstrap": args.bootstrap, "margin": args.level_margin,
+        "falling_last": args.falling_last, "falling_slope": args.falling_slope,
+        "missing": [run.name for run in missing], "report_only": args.report_only, "comparisons": comparisons,
+        "runs": list(results.items()),
+    }  # fmt: skip
+
+
+def results_record(args, study, context: dict, info: dict, settings: dict, data: str, test_set: str, rows: list,
+                   choices: dict, results: dict, repo: Path, without: str, task: str | None = None) -> dict:  # fmt: skip
+    """results.json: the context's run-level facts, the rows, the choices and every run (``without`` its
+    per-sentence outputs)."""
+    return {
+        "command": context["command"], "machine": info, "started": context["started"],
+        **({"task": task} if task else {}),
+        "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
+        "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
+        "setup": as_dict(args.setup), "settings": settings, "data": data, "test_set": test_set,
+        "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
+        "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
+        "comparisons": context["comparisons"],
+        "runs": [{**as_dict(run), "name": run.name,
+                  "command": _portable(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
+                  **{k: v for k, v in r.items() if k != without}} for run, r in results.items()],
+    }  # fmt: skip
+
+
+def heading(title: str, context: dict) -> list[str]:
+    """results.md's first lines: the title, the command, the machine and when."""
+    rewritten = f" Report rewritten {context['rewritten']} without training (REPORT_ONLY)." if context.get("rewritten") else ""
+    return [f"# {title}: {', '.join(context['archs'])}", "", f"Command: `{context['command']}`", "",
+            f"Machine: {context['machine_text']}. Started {context['started']}, {context['total_minutes']:.1f} min in all."
+            + rewritten, ""]  # fmt: skip
+
+
+def reach_text(r: dict) -> str:
+    """The table's 'to baseline's loss' cell."""
+    reach = "-"
+    if r["compared"]:
+        reach = f"{r['reach_updates']:.0f} upd, {r['reach_seconds'] / 60:.1f} min" if r["reached"] else "not reached"
+        if 0 < r["reached"] < r["compared"]:
+            reach += f" ({r['reached']}/{r['compared']} seeds)"
+    return reach
+
+
+def minutes_text(r: dict) -> str:
+    """The table's 'train time' cell."""
+    minutes = None if r["train_seconds"] is None else r["train_seconds"] / 60
+    minutes_std = None if r["train_seconds_std"] is None else r["train_seconds_std"] / 60
+    return f"{_fmt(minutes, minutes_std, 1)} min"
+
+
+def partial(context: dict) -> list[str]:
+    if not context.get("missing"):
+        return []
+    return ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
+                + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
+
+
+def comparison_sections(rows: list[dict], context: dict, intro: str, table) -> list[str]:
+    """The sections of paired comparisons, against the first model and, with several variants, against each
+    model's first variant; ``table(entries, first column, margin)`` writes the score's table."""
+    lines = []
+    compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
+    if compared:
+        lines += ["## Paired comparisons against the first model", "", intro, ""]
+        lines += table([{**c, "label": f"{c['system']} ({c['key'][0]})", "seed": c["key"][1]} for c in compared],
+                       "model (variant)", context["margin"]) + [""]  # fmt: skip
+    variants = [c for c in context["comparisons"] if c["key"][0] == "variants"]
+    if variants:
+        first = rows[0]["variant"] if rows else ""
+        lines += [f"## Each model's variants against its {first} variant", ""]
+        lines += table([{**c, "label": f"{c['key'][1]}: {c['system']} - {first}", "seed": c["key"][2]}
+                        for c in variants], "model: variant", context["margin"]) + [""]  # fmt: skip
+    return lines
+
+
+def runs_and_choices(context: dict, choices: dict) -> list[str]:
+    """results.md's sections on every run's trend and on every lr/warm-up candidate (translation and LM alike)."""
+    lines = ["## Runs: was the validation loss still falling at the end?", "",
+              (f"Slope: least-squares slope of the valid loss over the last {context['falling_last']} validations, per "
+               f"100 updates; still falling below -{context['falling_slope']:g} (FALLING_LAST, FALLING_SLOPE). "
+               "Best: the lowest valid loss and its update (the evaluated checkpoint_best.pt)."), "",
+              "| run | updates | stopped by | best valid loss (update) | last valid loss | slope | still falling | best = last |",
+              "|---|---:|---|---:|---:|---:|---|---|"]  # fmt: skip
+    for run, r in context["runs"]:
+        t = r["trend"]
+        falling = "-" if t["falling"] is None else ("yes" if t["falling"] else "no")
+        best = "-" if r["best_valid_loss"] is None else f"{r['best_valid_loss']:.3f} ({r['best_valid_update']})"
+        lines.append(f"| {run.name} | {r['updates']} | {r.get('stopped') or 'updates'} | {best} | "
+                     f"{_fmt(r['valid_loss'], None, 3)} | {_fmt(t['slope'], None, 3)} | {falling} | "
+                     f"{'yes' if t['best_is_last'] else 'no'} |")  # fmt: skip
+    lines.append("")
+    tuned = {g: c for g, c in choices.items() if len(c["candidates"]) > 1}
+    if tuned:
+        lines += ["## Learning rate and warm-up, chosen on validation loss (first seed)", "",
+                  "Every candidate of the grid; the choice is the lowest best valid loss (that of the evaluated checkpoint).", ""]
+        for (arch, variant), choice in tuned.items():
+            lines += [f"### {arch} ({variant})", "", "| lr | warm-up | final valid loss | best valid loss | chosen |",
+                      "|---:|---:|---:|---:|---|"]  # fmt: skip
+            for c in choice["candidates"]:
+                mark = "yes" if (c["lr"], c["warmup"]) == (choice["lr"], choice["warmup"]) else ""
+                lines.append(f"| {c['lr']:g} | {c['warmup']} | {_fmt(c['valid_loss'], None, 3)} | "
+                             f"{_fmt(c['best_valid_loss'], None, 3)} | {mark} |")  # fmt: skip
+            lines += [""] + [f"**Edge of the grid**: the choice is {note}." for note in choice.get("edges", [])]
+            lines += [""] if choice.get("edges") else []
+    return lines
