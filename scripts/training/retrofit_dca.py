@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
+from fairseq_plugins.models.baselines import AutocastTransformerModel
 from fairseq_plugins.models.dca_transformer import (
     MODES,
     check_dca_args,
@@ -78,7 +79,7 @@ def retrofit(state: dict, dca_mode: str = "dca", dca_k: int = 0) -> dict:
     """A new checkpoint dict: ``state`` with GRNs added at their initial values and a DCA model config."""
     args = model_args(state)
     arch = getattr(args, "_name", None) or getattr(args, "arch", None)
-    if ARCH_MODEL_REGISTRY.get(arch) is not TransformerModel:
+    if ARCH_MODEL_REGISTRY.get(arch) not in (TransformerModel, AutocastTransformerModel):
         raise RetrofitError(
             f"the checkpoint's model is --arch {arch}, not fairseq's transformer; only a Pre-LN transformer "
             "(transformer_preln_*) can be retrofitted"
