@@ -31,6 +31,8 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from .skinny import skinny_matmul
+
 MODES = ("static", "dynamic")
 DYNAMIC_SCALE_INIT = 0.01
 
@@ -68,7 +70,7 @@ class HyperConnection(nn.Module):
         alpha = self.static_alpha.to(streams.dtype)  # (n, n + 1): [A_m | A_r]
         beta = self.static_beta.to(streams.dtype).unsqueeze(-1)  # (n, 1): B
         if self.dynamic:
-            gates = torch.tanh(self.norm(flat) @ self.dynamic_weight.to(streams.dtype))  # (tokens, n, n + 2)
+            gates = torch.tanh(skinny_matmul(self.norm(flat), self.dynamic_weight.to(streams.dtype)))  # (tokens, n, n + 2)
             alpha = torch.addcmul(alpha, self.alpha_scale.to(streams.dtype), gates[..., :-1])
             beta = torch.addcmul(beta, self.beta_scale.to(streams.dtype), gates[..., -1:])
         # (tokens, n + 1, d): h_in, then H'. One small product per token (bmm, a static alpha expanded to every

@@ -65,6 +65,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .skinny import skinny_matmul
+
 RESIDUALS = ("sinkhorn", "permutations")
 BIAS_INITS = ("preln", "mhc_lite")
 COLLAPSE_ORDERS = ("sum_then_norm", "norm_then_sum")
@@ -76,21 +78,29 @@ OFF_DIAGONAL_LOGIT = -8.0
 
 # exp-then-divide needs every iterate's entries representable: with the logits of a matrix within a spread s,
 # every entry of every iterate stays >= exp(-2 s) / n^2 (cross ratios are invariant under the scalings), a
-# normal float32 for s <= 30 at any n <= MAX_RATE; wider logits take the log-domain iteration
-MAX_EXP_SPREAD = 30.0
+# normal float32 for s <= 30 at any n <= MAX_RATE. |logits| <= 15 bounds the spread by 30 (and exp by 3.3e6);
+# larger logits take the log-domain iteration
+MAX_EXP_LOGIT = 15.0
 
 
 def sinkhorn(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
     """SK(logits) of eq. 9 over the last two dims: exp, then ``iters`` x (columns, then rows).
 
     The paper's exp-then-divide (2 operators per normalisation, 3.5x fewer than the log domain's logsumexp,
-    which cost mHC most of its time) after subtracting each matrix's maximum (the first column normalisation
-    cancels any per-matrix factor, so the iterates are the paper's); the log domain only where the logits are
-    too spread for exp (``MAX_EXP_SPREAD``); both give the same iterates up to rounding."""
-    top = logits.amax((-2, -1), keepdim=True)
-    if logits.numel() and (top - logits.amin((-2, -1), keepdim=True)).max() > MAX_EXP_SPREAD:
+    which cost mHC most of its time); the log domain only where the logits are too large for exp
+    (``MAX_EXP_LOGIT``); both give the same iterates up to rounding."""
+    if logits.numel() and logits.abs().amax() > MAX_EXP_LOGIT:
         return _sinkhorn_log(logits, iters)
-    return _Normalisations.apply((logits - top).exp(), iters)
+    return _Normalisations.apply(logits.exp(), iters)
+
+
+def _sinkhorn_log(logits: Tensor, iters: int) -> Tensor:
+    """The same iteration in the log domain (subtracting logsumexp): no overflow or underflow at any size."""
+    log_m = logits
+    for _ in range(iters):
+        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)
+        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)
+    return log_m.exp()
 
 
 class _Normalisations(torch.autograd.Function):
@@ -116,15 +126,6 @@ class _Normalisations(torch.autograd.Function):
             y, total, dim = saved[2 * k], saved[2 * k + 1], -2 if k % 2 == 0 else -1
             grad = (grad - (grad * y).sum(dim, keepdim=True)) / total
         return grad, None
-
-
-def _sinkhorn_log(logits: Tensor, iters: int) -> Tensor:
-    """The same iteration in the log domain (subtracting logsumexp): no overflow or underflow at any spread."""
-    log_m = logits
-    for _ in range(iters):
-        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)
-        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)
-    return log_m.exp()
 
 
 def permutation_matrices(n: int) -> Tensor:
@@ -201,7 +202,7 @@ class ManifoldHyperConnection(nn.Module):
             # does) and the scale applied to the n(2 + n) products, not to the nC inputs (two passes fewer
             # over the streams, forward and backward)
             scale = torch.rsqrt(v.square().mean(-1, keepdim=True) + self.rms_eps)
-            proj = (v @ (self.gain.to(acc).unsqueeze(-1) * self.phi.to(acc))) * scale
+            proj = skinny_matmul(v, self.gain.to(acc).unsqueeze(-1) * self.phi.to(acc)) * scale
             # a_pre, a_post, a_res and b applied in one operator over all coefficients (they are many tiny
             # operators per sublayer otherwise)
             gates = self.gates.to(acc)[self.gate_index]
