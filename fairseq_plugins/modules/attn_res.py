@@ -23,8 +23,9 @@ average of its sources (the paper's stated requirement); one RMSNorm on the keys
 init 1; eps 1e-6 is ours, the paper gives none). Blocks: N ~ 8 in the paper (Kimi Linear 48B: 54
 sublayers, S = 6); its ablation has S = 2, 4, 8 equally good and S >= 16 drifting to the baseline.
 
-Computation: w_l^T RMSNorm_l(v) = (w_l * g_l)^T v / rms(v), so each source's rms is computed once (cached in
-the state) and each sublayer does one dot product per source. Logits, rms and softmax run in float32 (at
+Computation: w_l^T RMSNorm_l(v) = (w_l * g_l)^T v / rms(v); a completed block's logits for every later query
+are one product when the block completes (cached in the state); only the partial sum of Block AttnRes is
+scored at each read. Logits, rms and softmax run in float32 (at
 least); the weighted sum in the sources' dtype, as a running sum over the sources (no stacked copy).
 
 Encoder-decoder decisions (ours; the paper is decoder-only):
@@ -54,12 +55,16 @@ RMS_EPS = 1e-6
 @dataclass
 class AttnResState:
     """The sources of one stack for one forward pass: completed blocks (b_0 = embedding first), the current
-    block's partial sum and how many outputs it holds, and each source's rms (float32)."""
+    block's partial sum and how many outputs it holds; per completed block its logits for every later query
+    (float32, ``block_logits``) and the index of its first query (``block_first``); ``written``: the outputs
+    recorded so far."""
 
     blocks: list = field(default_factory=list)
-    block_rms: list = field(default_factory=list)
+    block_logits: list = field(default_factory=list)
+    block_first: list = field(default_factory=list)
     partial: Tensor | None = None
     count: int = 0
+    written: int = 0
 
 
 class AttentionResiduals(nn.Module):
@@ -79,25 +84,40 @@ class AttentionResiduals(nn.Module):
         self.queries = nn.Parameter(torch.zeros(num_sublayers + 1, embed_dim))  # w_1..w_L, then the output's
         self.key_gains = nn.Parameter(torch.ones(num_sublayers + 1, embed_dim))  # RMSNorm gains on the keys
 
-    def _rms(self, v: Tensor) -> Tensor:
-        acc = v.to(torch.promote_types(v.dtype, torch.float32))
-        return torch.sqrt(acc.square().mean(-1) + self.eps)
+    def _keys(self, first: int, last: int, acc: torch.dtype) -> Tensor:
+        """w_l * g_l for queries first..last - 1, (queries, C)."""
+        return (self.queries[first:last] * self.key_gains[first:last]).to(acc)
+
+    def _logits(self, v: Tensor, first: int, last: int) -> Tensor:
+        """w_l^T RMSNorm_l(v) for queries first..last - 1: (..., queries), float32 at least."""
+        acc = torch.promote_types(v.dtype, torch.float32)
+        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+        with torch.autocast(v.device.type, enabled=False):
+            v = v.to(acc)
+            return (v @ self._keys(first, last, acc).t()) / torch.sqrt(v.square().mean(-1, keepdim=True) + self.eps)
+
+    def _add_block(self, state: AttnResState, block: Tensor) -> None:
+        # a completed block is a source of every later query, and its values never change: its logits for
+        # all of them in one product (read once, one GEMM) instead of one matrix-vector product per read
+        state.blocks.append(block)
+        state.block_logits.append(self._logits(block, state.written, self.num_sublayers + 1))
+        state.block_first.append(state.written)
 
     def start(self, embedding: Tensor) -> AttnResState:
-        return AttnResState(blocks=[embedding], block_rms=[self._rms(embedding)])
+        state = AttnResState()
+        self._add_block(state, embedding)
+        return state
 
     def read(self, index: int, state: AttnResState) -> Tensor:
         """sum_i alpha_{i->l} v_i over the current sources, with query ``index`` (L = the stack output's)."""
-        values, rms = list(state.blocks), list(state.block_rms)
+        values = list(state.blocks)
+        logits = [lg[..., index - first] for lg, first in zip(state.block_logits, state.block_first)]
         if state.partial is not None:
             values.append(state.partial)
-            rms.append(self._rms(state.partial))
-        acc = torch.promote_types(values[0].dtype, torch.float32)
-        key = (self.queries[index] * self.key_gains[index]).to(acc)
-        # autocast (the plugin's --autocast-dtype) would run these products in half precision
+            logits.append(self._logits(state.partial, index, index + 1)[..., 0])
+        # autocast (the plugin's --autocast-dtype) would run the softmax in half precision
         with torch.autocast(values[0].device.type, enabled=False):
-            logits = torch.stack([(v.to(acc) @ key) / r for v, r in zip(values, rms)])  # (sources, seq_len, batch)
-            weights = logits.softmax(0).to(values[0].dtype).unsqueeze(-1)
+            weights = torch.stack(logits).softmax(0).to(values[0].dtype).unsqueeze(-1)  # (sources, seq, batch, 1)
         # a running sum instead of one product with the stacked sources: stacking would copy every source
         # at every read and keep the copy for backward (O(L^2) activations); addcmul keeps references only
         out = weights[0] * values[0]
@@ -108,9 +128,9 @@ class AttentionResiduals(nn.Module):
     def write(self, state: AttnResState, out: Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out
         state.count += 1
+        state.written += 1
         if state.count == self.block_size:
-            state.blocks.append(state.partial)
-            state.block_rms.append(self._rms(state.partial))
+            self._add_block(state, state.partial)
             state.partial, state.count = None, 0
 
     def forward(self, index: int, state: AttnResState, sublayer) -> Tensor:

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .skinny import skinny_matmul
+
 SCALE_INIT = 0.01
 
 
@@ -81,9 +83,10 @@ class FracConnection(nn.Module):
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(frac.device.type, enabled=False):
             hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
-            gates = torch.tanh(hbar @ self.dynamic_weight.to(acc))  # (tokens, m, 2m + 1)
-        ya = ya + self.alpha_scale.to(acc) * gates[..., :-1]
-        beta = beta + self.beta_scale.to(acc) * gates[..., -1]
+            gates = torch.tanh(skinny_matmul(hbar, self.dynamic_weight.to(acc)))  # (tokens, m, 2m + 1)
+        # fused multiply-adds: each is one operator (decoding runs dozens of these tiny operators per step)
+        ya = torch.addcmul(ya, self.alpha_scale.to(acc), gates[..., :-1])
+        beta = torch.addcmul(beta, self.beta_scale.to(acc), gates[..., -1])
         return ya, beta
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -97,5 +100,7 @@ class FracConnection(nn.Module):
                 mixed = torch.einsum("ji,tjd->tid", ya, frac)
             else:
                 mixed = torch.bmm(ya.transpose(1, 2), frac)  # (tokens, 2m, C/m): [Y^T H ; A^T H]
-        out = sublayer(mixed[:, :m].reshape(x.shape)).reshape(-1, m, self.width)
-        return (beta.unsqueeze(-1) * out.to(x.dtype) + mixed[:, m:]).reshape(x.shape)
+        # split, not two slices: backward joins the two gradients with one cat instead of two zero-filled blocks
+        branch, mixed = mixed.split(m, 1)
+        out = sublayer(branch.reshape(x.shape)).reshape(-1, m, self.width)
+        return torch.addcmul(mixed, beta.unsqueeze(-1), out.to(x.dtype)).reshape(x.shape)

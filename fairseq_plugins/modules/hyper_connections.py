@@ -31,6 +31,8 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from .skinny import skinny_matmul
+
 MODES = ("static", "dynamic")
 DYNAMIC_SCALE_INIT = 0.01
 
@@ -68,11 +70,13 @@ class HyperConnection(nn.Module):
         alpha = self.static_alpha.to(streams.dtype)  # (n, n + 1): [A_m | A_r]
         beta = self.static_beta.to(streams.dtype).unsqueeze(-1)  # (n, 1): B
         if self.dynamic:
-            gates = torch.tanh(self.norm(flat) @ self.dynamic_weight.to(streams.dtype))  # (tokens, n, n + 2)
+            gates = torch.tanh(skinny_matmul(self.norm(flat), self.dynamic_weight.to(streams.dtype)))  # (tokens, n, n + 2)
             alpha = torch.addcmul(alpha, self.alpha_scale.to(streams.dtype), gates[..., :-1])
             beta = torch.addcmul(beta, self.beta_scale.to(streams.dtype), gates[..., -1:])
         # (tokens, n + 1, d): h_in, then H'. One small product per token (bmm, a static alpha expanded to every
         # token): measured 2x faster on CPU than matmul's fold of the static case into one skinny GEMM
-        mixed = torch.bmm(alpha.transpose(-1, -2).expand(flat.size(0), n + 1, n), flat)
-        out = sublayer(mixed[:, 0].view(*lead, dim))
-        return torch.addcmul(mixed[:, 1:], beta, out.reshape(-1, 1, dim)).view(*lead, n, dim)
+        # split, not two slices: backward joins the two gradients with one cat instead of zero-filling the
+        # (n + 1) x d block twice (measured: the zero fills cost hc_dynamic 3% of its training step)
+        h_in, mixed = torch.bmm(alpha.transpose(-1, -2).expand(flat.size(0), n + 1, n), flat).split([1, n], 1)
+        out = sublayer(h_in.view(*lead, dim))
+        return torch.addcmul(mixed, beta, out.reshape(-1, 1, dim)).view(*lead, n, dim)
