@@ -93,3 +93,10 @@ def test_rounds_alternate_the_versions_and_remove_the_worktree(tmp_path, monkeyp
     assert "| `dca` | 0.80 (0.80-0.80); wall 0.80 | 1.00 (1.00-1.00); wall 1.00 | faster |" in (tmp_path / "ba.md").read_text()
     assert len(json.loads((tmp_path / "ba.json").read_text())["rounds"]["before"]) == 3
     assert before_after.main(["--before", "HEAD", "--family", "no_such_family"]) == 2
+
+    def failing_benchmark(tree, opts, families, out):
+        raise before_after.subprocess.CalledProcessError(2, ["benchmark.py"])
+
+    monkeypatch.setattr(before_after, "run_benchmark", failing_benchmark)
+    assert before_after.main(["--before", "HEAD", "--depth", "e7d7"]) == 1
+    assert before_after.git("worktree", "list") == worktrees

@@ -163,7 +163,12 @@ def main(argv=None) -> int:
             for i in range(opts.rounds):
                 for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     print(f"[before_after] round {i + 1}/{opts.rounds}: {name}", file=sys.stderr, flush=True)
-                    report = run_benchmark(trees[name], opts, families, Path(tmp) / f"{name}{i}.json")
+                    try:
+                        report = run_benchmark(trees[name], opts, families, Path(tmp) / f"{name}{i}.json")
+                    except subprocess.CalledProcessError as err:  # its own message (e.g. a bad --depth) is above
+                        print(f"before_after: the {name} version's benchmark failed (exit {err.returncode})",
+                              file=sys.stderr)  # fmt: skip
+                        return 1
                     rounds[name].append(round_ratios(report))
         finally:
             git("worktree", "remove", "--force", str(before_tree))
