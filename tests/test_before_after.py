@@ -3,24 +3,13 @@
 The arithmetic (per-round ratios from a report, the verdict, the table) on hand-made reports; option errors; one
 tiny end-to-end run against HEAD (two benchmark processes at width 16 on synthetic sentences)."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
-from .helpers import REPO
+from .helpers import REPO, load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("before_after", REPO / "scripts" / "benchmark" / "before_after.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("before_after", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-before_after = _load()
+before_after = load_script("scripts/benchmark/before_after.py", "before_after")
 
 
 def one_round(base_train: float, fam_train: float, base_cpu: float, fam_cpu: float) -> dict:
