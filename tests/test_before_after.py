@@ -73,7 +73,7 @@ def test_rounds_alternate_the_versions_and_remove_the_worktree(tmp_path, monkeyp
         return one_round(1.0, slow, 1.0, slow)
 
     monkeypatch.setattr(before_after, "run_benchmark", fake_benchmark)
-    monkeypatch.setattr(before_after, "families_of", lambda tree: ["transformer_preln", "dca"])
+    monkeypatch.setattr(before_after, "families_of", lambda tree, depth: ["transformer_preln", "dca"])
     worktrees = before_after.git("worktree", "list")
     status = before_after.main(["--before", "HEAD", "--rounds", "3", "--json", str(tmp_path / "ba.json"),
                                 "--markdown", str(tmp_path / "ba.md")])  # fmt: skip

@@ -31,9 +31,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = "transformer_preln"
+# families with a preset at the depth (argv[1]) in the benchmark's default width, e.g. crossformer_all has none at
+# e12d12: benchmark.py refuses a --family without one, and each version is asked in its own tree
 LIST_FAMILIES = (
-    "from fairseq_plugins.models.presets import PRESETS; "
-    "print(' '.join(dict.fromkeys(p.family for p in PRESETS.values())))"
+    "import sys; from fairseq_plugins.models.presets import PRESETS; "
+    "print(' '.join(dict.fromkeys(p.family for n, p in PRESETS.items() if n == f'{p.family}_iwslt_{sys.argv[1]}')))"
 )
 KINDS = ("train", "decode")
 
@@ -74,8 +76,8 @@ def python_env(tree: Path, threads: int) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
 
 
-def families_of(tree: Path) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", LIST_FAMILIES], cwd=tree, env=python_env(tree, 1), check=True,
+def families_of(tree: Path, depth: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", LIST_FAMILIES, depth], cwd=tree, env=python_env(tree, 1), check=True,
                          capture_output=True, text=True).stdout  # fmt: skip
     return out.split()
 
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
         git("worktree", "add", "--detach", str(before_tree), commit)
         try:
             trees = {"before": before_tree, "after": REPO}
-            common = [f for f in families_of(REPO) if f in set(families_of(before_tree)) and f != BASELINE]
+            common = [f for f in families_of(REPO, opts.depth) if f in set(families_of(before_tree, opts.depth)) and f != BASELINE]
             families = opts.family or common
             unknown = sorted(set(families) - set(common))
             if unknown:
