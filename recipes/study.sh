@@ -15,6 +15,10 @@
 #   TRAIN_LINES [0: all]   VOCAB_SIZE [8000]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
 #   JOBS [cores] runs side by side   THREADS [cores / JOBS]   VALID_EVERY [MAX_UPDATE / 8]   BOOTSTRAP [1000]
 #   LEVEL_MARGIN [1.0] BLEU: "level" only when every seed's 95% CI of the difference is inside +-margin
+#   PAIRS [none]  more paired comparisons, SYSTEM:BASELINE pairs of ARCHS names, space-separated (e.g. a
+#                 combination against each of its parts: 'tfixup_denseformer_iwslt_e12d12:tfixup_iwslt_e12d12
+#                 tfixup_denseformer_iwslt_e12d12:denseformer_iwslt_e12d12'): the statistics of the comparisons
+#                 against the first, in a section of their own (each run at its chosen lr; REPORT_ONLY=1 too)
 #   FALLING_LAST [3], FALLING_SLOPE [0.01]: still falling = valid-loss slope over the last 3 validations
 #                 below -0.01 per 100 updates
 #   LM [0]        1: a language-model study (TASK=language_modeling): MULTI30K_DIR's TGT side prepared by
@@ -37,7 +41,7 @@ for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-upd
             THREADS:--threads BOOTSTRAP:--bootstrap MULTI30K_DIR:--raw-dir DATA_BIN:--data-bin \
             TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir \
             PATIENCE:--patience LEVEL_MARGIN:--level-margin FALLING_LAST:--falling-last FALLING_SLOPE:--falling-slope \
-            TASK:--task; do
+            TASK:--task PAIRS:--pairs; do
   name="${pair%%:*}"
   if [ -n "${!name:-}" ]; then args+=("${pair#*:}" "${!name}"); fi
 done

@@ -18,8 +18,9 @@ dataset under an equal budget, translated, scored and compared.
    BLEU and chrF; beam from the dataset's recipe.json; output length capped at 1.5 x source + 10 pieces so that
    an untrained model's babbling costs no more than a trained model's translations);
 4. results.md, results.json, curves.png and bleu.png in OUT_DIR, naming the command and the machine, with the
-   paired bootstrap's p-value and 95% interval of every difference, and whether each run was still improving
-   (study_report, study_stats).
+   paired bootstrap's p-value and 95% interval of every difference against the first architecture (and, with
+   PAIRS, between the chosen SYSTEM:BASELINE pairs), and whether each run was still improving (study_report,
+   study_stats).
 
 Language models (study_lm.py): a DATA_BIN whose recipe.json says ``"task": "language_modeling"``, or LM=1
 (TASK=language_modeling) with MULTI30K_DIR, runs the same grid on {family}_lm_* architectures with perplexity
@@ -71,7 +72,8 @@ WIDTH_128 = ("--encoder-embed-dim 128 --decoder-embed-dim 128 "
              "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512")  # fmt: skip
 ENV_VARS = ("ARCHS", "SEEDS", "VARIANTS", "MAX_UPDATE", "TRAIN_MINUTES", "MODEL_ARGS", "TRAIN_LINES", "MULTI30K_DIR",
             "DATA_BIN", "OUT_DIR", "LRS", "WARMUPS", "JOBS", "THREADS", "MAX_TOKENS", "VALID_EVERY", "BOOTSTRAP",
-            "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM")  # fmt: skip
+            "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM",
+            "PAIRS")  # fmt: skip
 
 
 @dataclass
@@ -127,6 +129,9 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--level-margin", type=float, default=1.0,
                    help="LEVEL_MARGIN: BLEU margin (perplexity points for language models); two models are called "
                         "level only when every seed's 95%% interval of the difference lies inside +-margin (default 1.0, > 0)")
+    p.add_argument("--pairs", default="",
+                   help="PAIRS: more paired comparisons, space-separated SYSTEM:BASELINE pairs of architectures of ARCHS "
+                        "(e.g. 'b_e6d6:a_e6d6'), reported beside those against the first architecture (default: none)")
     p.add_argument("--falling-last", type=int, default=3,
                    help="FALLING_LAST: validations the still-falling slope is fitted over (default 3, >= 2)")
     p.add_argument("--falling-slope", type=float, default=0.01,
@@ -173,6 +178,7 @@ def validate(args, d: Defaults) -> None:
         raise RecipeError("ARCHS (--archs) is empty: give at least one architecture")
     if len(set(args.arch_list)) != len(args.arch_list):
         raise RecipeError(f"ARCHS (--archs)={args.archs!r}: an architecture appears twice")
+    args.pair_list = study_checks.parse_pairs(args.pairs, args.arch_list)
     args.seed_list = _numbers(args.seeds, "SEEDS (--seeds)", int, "integers, e.g. '1 2'")
     if not args.seed_list:
         raise RecipeError("SEEDS (--seeds) is empty: give at least one seed")

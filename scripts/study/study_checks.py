@@ -19,6 +19,31 @@ _TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set
 _PROBE_SIZE = 10**7
 
 
+def parse_pairs(text: str, archs: list[str]) -> list[tuple[str, str]]:
+    """PAIRS: space-separated SYSTEM:BASELINE entries of two different architectures of ARCHS, each pair once
+    (in either order: b:a is a:b with the sign flipped, the same comparison)."""
+    allowed = ("allowed: space-separated SYSTEM:BASELINE pairs of two different architectures of ARCHS, "
+               "each once")  # fmt: skip
+    pairs: list[tuple[str, str]] = []
+    for entry in text.split():
+        system, colon, baseline = entry.partition(":")
+        bad = None
+        if not colon or not system or not baseline or ":" in baseline:
+            bad = "is not SYSTEM:BASELINE"
+        elif unknown := [name for name in (system, baseline) if name not in archs]:
+            bad = f"names {', '.join(unknown)}, not in ARCHS ({' '.join(archs)})"
+        elif system == baseline:
+            bad = f"pairs {system} with itself"
+        elif (system, baseline) in pairs:
+            bad = "appears twice"
+        elif (baseline, system) in pairs:
+            bad = f"is {baseline}:{system} reversed (the same comparison)"
+        if bad:
+            raise RecipeError(f"PAIRS (--pairs): {entry!r} {bad}; {allowed}")
+        pairs.append((system, baseline))
+    return pairs
+
+
 def check_pairs(args, cores: int) -> None:
     """Pairs of settings that cannot work together; ``args`` is study.validate's, after its own checks."""
     if args.data_bin is not None:

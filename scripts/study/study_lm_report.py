@@ -26,6 +26,7 @@ from study_report_common import (
     comparisons_of,
     heading,
     minutes_text,
+    pair_comparisons,
     paired_groups,
     partial,
     reach_text,
@@ -44,6 +45,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     results, choices, chosen = chosen_results(study, runs, args)
     groups = paired_groups(args, chosen, "scores")
     tests = study_lm.paired_tests(groups, args.bootstrap) if args.bootstrap else {}
+    pairs = pair_comparisons(args, chosen, "scores", lambda g: study_lm.paired_tests(g, args.bootstrap))
     rows = study_stats.summarize(results, args.arch_list, args.variant_list, choices, tests, scores=SCORES)
     add_first_valid_loss(rows, chosen)
     out = args.out_dir
@@ -58,6 +60,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     s = args.setup
     context = {
         **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
+        "pairs": pairs,
         "data_text": f"{manifest.get('dataset', data.name)}, language modeling (`{_shown(data, repo)}`)",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, packed blocks of {s.tokens_per_sample} "
                       f"tokens, Adam {s.adam_betas}, peak lr {'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout "
@@ -121,8 +124,8 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
                    "resamples of the test sentences, sacrebleu's resampling and p-value), the largest p over seeds; "
                    "Δppl 95% CI: from the lowest to the highest bound of the seeds' intervals of the difference "
                    f"(model - first model). Still falling: runs with a {_trend_text(context)}."), ""]  # fmt: skip
-    lines += comparison_sections(rows, context, (
-        f"Per seed, on the test sentences: the difference (model - {context['archs'][0]}) in perplexity and "
+    lines += comparison_sections(rows, context, lambda baseline: (
+        f"Per seed, on the test sentences: the difference (model - {baseline}) in perplexity and "
         "in mean log-likelihood per token, their 95% intervals from the same bootstrap resamples, and the "
         f"p-value. Level: the perplexity interval lies inside ±{context['margin']:g} (LEVEL_MARGIN); a p "
         "above 0.05 alone says only that no difference was shown."), _comparison_table)  # fmt: skip

@@ -28,6 +28,7 @@ from study_report_common import (
     comparisons_of,
     heading,
     minutes_text,
+    pair_comparisons,
     paired_groups,
     partial,
     reach_text,
@@ -45,6 +46,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
     groups = paired_groups(args, chosen, "hyps")
     references = read_lines(data / study.test_set["reference"])
     tests = study_stats.paired_tests(groups, references, args.bootstrap) if args.bootstrap else {}
+    pairs = pair_comparisons(args, chosen, "hyps", lambda g: study_stats.paired_tests(g, references, args.bootstrap))
     rows = study_stats.summarize(results, args.arch_list, args.variant_list, choices, tests)
     add_first_valid_loss(rows, chosen)
     out = args.out_dir
@@ -57,6 +59,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
                                                       "level_margin", "falling_last", "falling_slope")}  # fmt: skip
     context = {
         **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
+        "pairs": pairs,
         "data_text": f"{manifest.get('dataset', data.name)} {manifest['source_lang']}->{manifest['target_lang']} "
                      f"(`{_shown(data, repo)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, Adam {args.setup.adam_betas}, peak lr "
@@ -123,8 +126,8 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
               "resamples. Train time counts fairseq's start-up; 'to baseline's loss' is the first validation at or "
               "below the baseline's final valid loss (same seed). Still falling: runs with a "
               f"{_trend_text(context)}; best = last: runs whose lowest valid loss is at their last validation."), ""]  # fmt: skip
-    lines += comparison_sections(rows, context, (
-        f"Per seed: the difference (model - {context['archs'][0]}) in corpus BLEU and chrF, the 95% "
+    lines += comparison_sections(rows, context, lambda baseline: (
+        f"Per seed: the difference (model - {baseline}) in corpus BLEU and chrF, the 95% "
         "confidence interval of the difference from sacrebleu's paired bootstrap resamples, and its p-value. "
         f"Level: the interval lies inside ±{context['margin']:g} BLEU (LEVEL_MARGIN); a p above 0.05 alone "
         "says only that no difference was shown."), _comparison_table)  # fmt: skip

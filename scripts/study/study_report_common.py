@@ -2,6 +2,7 @@
 pairing of runs for the tests, the run-level context and record, and the sections of results.md whose wording
 does not depend on the score (the score-specific tables and sentences stay in each report)."""
 
+import itertools
 import json
 import time
 from datetime import UTC, datetime
@@ -97,6 +98,35 @@ def paired_groups(args, chosen: dict, outputs: str) -> dict[tuple, list]:
     return groups
 
 
+def pair_comparisons(args, chosen: dict, outputs: str, paired_tests) -> dict | None:
+    """PAIRS' comparisons: per pair, variant and seed, SYSTEM against BASELINE, each at its chosen lr/warm-up
+    (the runs the report shows), tested by ``paired_tests(groups)``, the score's function that the comparison
+    against the first model uses (so the same resamples and statistics). A group is a baseline's outputs
+    followed by those of the systems paired with it, as in paired_groups. Returns {"pairs", "comparisons",
+    "missing": the (pair, variant, seed) whose system or baseline run has not finished}; None without PAIRS or
+    without bootstrap samples (no comparison at all then)."""
+    if not args.pair_list or not args.bootstrap:
+        return None
+    outs = {(run.arch, run.variant, run.seed): r[outputs] for run, r in chosen.items()}
+    groups: dict[tuple, list] = {}
+    compared, missing = [], []
+    grid = itertools.product(args.pair_list, args.variant_list, args.seed_list)
+    for (system, baseline), variant, seed in grid:
+        pair = {"key": [variant, seed], "system": system, "baseline": baseline}
+        absent = [a for a in (system, baseline) if (a, variant, seed) not in outs]
+        if absent:
+            missing.append({**pair, "unfinished": absent})
+            continue
+        key = (variant, seed, baseline)
+        groups.setdefault(key, [(baseline, outs[(baseline, variant, seed)])])
+        groups[key].append((system, outs[(system, variant, seed)]))
+        compared.append((pair, (*key, system)))
+    tests = paired_tests(groups) if groups else {}
+    comparisons = [{**pair, **tests[key]} for pair, key in compared]
+    asked = [list(p) for p in args.pair_list]
+    return {"pairs": asked, "comparisons": comparisons, "missing": missing}
+
+
 def add_first_valid_loss(rows: list[dict], chosen: dict) -> None:
     for row in rows:  # the first validation, for the reading's "did not train"
         firsts = [r["first_valid_loss"] for run, r in chosen.items() if run.group == (row["arch"], row["variant"])]
@@ -129,6 +159,8 @@ def results_record(args, study, context: dict, info: dict, settings: dict, data:
     return {
         "command": context["command"], "machine": info, "started": context["started"],
         **({"task": task} if task else {}),
+        # only with PAIRS: a study without them keeps its results.json as it was
+        **({"pair_comparisons": context["pairs"]} if context.get("pairs") else {}),
         "total_minutes": round(context["total_minutes"], 1), "budget": as_dict(args.budget),
         "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
         "setup": as_dict(args.setup), "settings": settings, "data": data, "test_set": test_set,
@@ -173,21 +205,44 @@ def partial(context: dict) -> list[str]:
                 + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
 
 
-def comparison_sections(rows: list[dict], context: dict, intro: str, table) -> list[str]:
-    """The sections of paired comparisons, against the first model and, with several variants, against each
-    model's first variant; ``table(entries, first column, margin)`` writes the score's table."""
+def comparison_sections(rows: list[dict], context: dict, intro, table) -> list[str]:
+    """The sections of paired comparisons: against the first model, between PAIRS' chosen models, and, with
+    several variants, against each model's first variant. ``intro(baseline)`` is the score's explanation,
+    ``table(entries, first column, margin)`` writes the score's table."""
     lines = []
     compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
     if compared:
-        lines += ["## Paired comparisons against the first model", "", intro, ""]
+        text = intro(context["archs"][0])
+        lines += ["## Paired comparisons against the first model", "", text, ""]
         lines += table([{**c, "label": f"{c['system']} ({c['key'][0]})", "seed": c["key"][1]} for c in compared],
                        "model (variant)", context["margin"]) + [""]  # fmt: skip
+    lines += _pair_section(context, intro, table)
     variants = [c for c in context["comparisons"] if c["key"][0] == "variants"]
     if variants:
         first = rows[0]["variant"] if rows else ""
         lines += [f"## Each model's variants against its {first} variant", ""]
         lines += table([{**c, "label": f"{c['key'][1]}: {c['system']} - {first}", "seed": c["key"][2]}
                         for c in variants], "model: variant", context["margin"]) + [""]  # fmt: skip
+    return lines
+
+
+def _pair_section(context: dict, intro, table) -> list[str]:
+    pairs = context.get("pairs")
+    if not pairs:
+        return []
+    lines = ["## Paired comparisons between chosen models", "",
+             "The pairs of PAIRS (SYSTEM:BASELINE), each model's runs at its chosen lr/warm-up (those of the table "
+             "above), on the same bootstrap resamples as against the first model. " + intro("baseline"), ""]  # fmt: skip
+    entries = [{**c, "label": f"{c['system']} - {c['baseline']} ({c['key'][0]})", "seed": c["key"][1]}
+               for c in pairs["comparisons"]]  # fmt: skip
+    if entries:
+        lines += table(entries, "model - baseline (variant)", context["margin"]) + [""]
+    # a seed that one of the two has not finished: named, as the partial report names the missing runs
+    unpaired = [f"{m['system']} - {m['baseline']} ({m['key'][0]}) seed {m['key'][1]} "
+                f"({' and '.join(m['unfinished'])} missing)" for m in pairs["missing"]]  # fmt: skip
+    if unpaired:
+        lines += [f"**Not compared** (a run has not finished): {', '.join(unpaired)}."]
+        lines += [""]
     return lines
 
 
