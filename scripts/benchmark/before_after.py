@@ -77,9 +77,12 @@ def python_env(tree: Path, threads: int) -> dict:
 
 
 def families_of(tree: Path, depth: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", LIST_FAMILIES, depth], cwd=tree, env=python_env(tree, 1), check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    return out.split()
+    done = subprocess.run([sys.executable, "-c", LIST_FAMILIES, depth], cwd=tree, env=python_env(tree, 1),
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode:  # its own error (the last lines of its stderr), not a traceback of this script
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise subprocess.CalledProcessError(done.returncode, f"listing the families of {tree.name}", stderr=tail)
+    return done.stdout.split()
 
 
 def round_ratios(report: dict) -> dict[str, dict[str, float]]:
@@ -154,7 +157,12 @@ def main(argv=None) -> int:
         git("worktree", "add", "--detach", str(before_tree), commit)
         try:
             trees = {"before": before_tree, "after": REPO}
-            common = [f for f in families_of(REPO, opts.depth) if f in set(families_of(before_tree, opts.depth)) and f != BASELINE]
+            try:
+                before_families = set(families_of(before_tree, opts.depth))
+                common = [f for f in families_of(REPO, opts.depth) if f in before_families and f != BASELINE]
+            except subprocess.CalledProcessError as err:
+                print(f"before_after: {err.cmd} failed (exit {err.returncode}):\n{err.stderr}", file=sys.stderr)
+                return 1
             families = opts.family or common
             unknown = sorted(set(families) - set(common))
             if unknown:
