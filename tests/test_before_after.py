@@ -89,3 +89,11 @@ def test_rounds_alternate_the_versions_and_remove_the_worktree(tmp_path, monkeyp
     monkeypatch.setattr(before_after, "run_benchmark", failing_benchmark)
     assert before_after.main(["--before", "HEAD", "--depth", "e7d7"]) == 1
     assert before_after.git("worktree", "list") == worktrees
+
+
+def test_both_versions_read_the_same_data(tmp_path, monkeypatch):
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    before, after = before_after.python_env(tmp_path / "before", 1), before_after.python_env(before_after.REPO, 1)
+    assert before["MULTI30K_DIR"] == after["MULTI30K_DIR"] == str(before_after.REPO.parent / "shared" / "data" / "multi30k")
+    monkeypatch.setenv("MULTI30K_DIR", "/data/m30k")
+    assert before_after.python_env(tmp_path / "before", 1)["MULTI30K_DIR"] == "/data/m30k"

@@ -73,7 +73,11 @@ def git(*args: str) -> str:
 
 
 def python_env(tree: Path, threads: int) -> dict:
-    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+    # both versions read this checkout's data: the benchmark's default (../shared beside the tree) does not exist
+    # beside the temporary worktree
+    data = os.environ.get("MULTI30K_DIR") or str(REPO.parent / "shared" / "data" / "multi30k")
+    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore",
+            "MULTI30K_DIR": data}  # fmt: skip
 
 
 def families_of(tree: Path, depth: str) -> list[str]:
