@@ -97,3 +97,23 @@ def test_both_versions_read_the_same_data(tmp_path, monkeypatch):
     assert before["MULTI30K_DIR"] == after["MULTI30K_DIR"] == str(before_after.REPO.parent / "shared" / "data" / "multi30k")
     monkeypatch.setenv("MULTI30K_DIR", "/data/m30k")
     assert before_after.python_env(tmp_path / "before", 1)["MULTI30K_DIR"] == "/data/m30k"
+
+
+def test_families_run_in_groups_of_their_own_processes(tmp_path, monkeypatch):
+    """--group: each benchmark process gets at most that many families; a round's ratios are the union."""
+    if not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout")
+    seen = []
+
+    def fake_benchmark(tree, opts, families, out):
+        seen.append(list(families))
+        report = one_round(1.0, 1.0, 1.0, 1.0)
+        row = report["results"][0]["families"].pop("dca")
+        report["results"][0]["families"].update({f: row for f in families})
+        return report
+
+    monkeypatch.setattr(before_after, "run_benchmark", fake_benchmark)
+    monkeypatch.setattr(before_after, "families_of", lambda tree, depth: ["transformer_preln", "a", "b", "c"])
+    assert before_after.main(["--before", "HEAD", "--rounds", "1", "--group", "2", "--json", str(tmp_path / "g.json")]) == 0
+    assert seen == [["a", "b"], ["c"], ["a", "b"], ["c"]]
+    assert sorted(json.loads((tmp_path / "g.json").read_text())["rounds"]["after"][0]) == ["a", "b", "c"]

@@ -60,6 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--family", action="append", metavar="NAME", help="only this family (repeatable; default: all both have)")
     p.add_argument("--depth", default="e12d12", help="one preset depth, e.g. e6d6 (default e12d12)")
     p.add_argument("--threads", type=bounded(int, 1, os.cpu_count() or 1), default=1, help="torch threads (default 1)")
+    p.add_argument("--group", type=bounded(int, 1, 100), default=4,
+                   help="families per benchmark process, 1..100 (default 4): one process holding every family grew "
+                        "past 14 GB at E12D12, so each round runs the families in groups, each with its own "
+                        "Pre-LN baseline")  # fmt: skip
     p.add_argument("--margin", type=bounded(float, 0.0, 0.5), default=0.02,
                    help="ratio tolerance beyond the before rounds' range, 0..0.5 (default 0.02)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write every round's ratios here")
@@ -177,13 +181,16 @@ def main(argv=None) -> int:
             for i in range(opts.rounds):
                 for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     print(f"[before_after] round {i + 1}/{opts.rounds}: {name}", file=sys.stderr, flush=True)
-                    try:
-                        report = run_benchmark(trees[name], opts, families, Path(tmp) / f"{name}{i}.json")
-                    except subprocess.CalledProcessError as err:  # its own message (e.g. a bad --depth) is above
-                        print(f"before_after: the {name} version's benchmark failed (exit {err.returncode})",
-                              file=sys.stderr)  # fmt: skip
-                        return 1
-                    rounds[name].append(round_ratios(report))
+                    ratios = {}
+                    for g in range(0, len(families), opts.group):
+                        group, out = families[g : g + opts.group], Path(tmp) / f"{name}{i}_{g}.json"
+                        try:
+                            ratios.update(round_ratios(run_benchmark(trees[name], opts, group, out)))
+                        except subprocess.CalledProcessError as err:  # its own message (e.g. a bad --depth) is above
+                            print(f"before_after: the {name} version's benchmark failed (exit {err.returncode})",
+                                  file=sys.stderr)  # fmt: skip
+                            return 1
+                    rounds[name].append(ratios)
         finally:
             git("worktree", "remove", "--force", str(before_tree))
     command = "python scripts/benchmark/before_after.py " + shlex.join(argv if argv is not None else sys.argv[1:])
