@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fairseq_plugins.modules.mhc import MAX_EXP_LOGIT, sinkhorn, sinkhorn_tokens_last
-from fairseq_plugins.modules.skinny import rms_project_t, skinny_matmul
+from fairseq_plugins.modules.skinny import post_add, rms_project_t, skinny_matmul
 
 
 def sinkhorn_direct(logits, iters=20):
@@ -112,3 +112,24 @@ def test_sinkhorn_tokens_last_is_sinkhorn_transposed():
                                        rtol=1e-10, atol=1e-12)  # fmt: skip
     empty = sinkhorn_tokens_last(torch.zeros(4, 4, 0))
     assert empty.shape == (4, 4, 0)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_post_add_matches_addcmul(static):
+    """The depth connection's mixed + post out (hand-written backward) against addcmul in float64, with a
+    per-token post (mHC, dynamic HC) and an expanded static one (static HC); no autograd node without grad."""
+    g = torch.Generator().manual_seed(4)
+    mixed = torch.randn(30, 4, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    post = torch.randn(4, 1, generator=g, dtype=torch.float64) if static else torch.randn(30, 4, 1, generator=g,
+                                                                                            dtype=torch.float64)  # fmt: skip
+    post.requires_grad_()
+    out = torch.randn(30, 1, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(30, 4, 16, generator=g, dtype=torch.float64)
+    fast, direct = post_add(mixed, post.expand(30, 4, 1), out), torch.addcmul(mixed, post, out)
+    torch.testing.assert_close(fast, direct, rtol=0, atol=0)
+    inputs = (mixed, post, out)
+    for a, b in zip(torch.autograd.grad(fast, inputs, up), torch.autograd.grad(direct, inputs, up)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.autograd.gradcheck(lambda m, p, o: post_add(m, p.expand(30, 4, 1), o), inputs)
+    with torch.no_grad():
+        assert post_add(mixed, post.expand(30, 4, 1), out).grad_fn is None

@@ -65,7 +65,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .skinny import rms_project_t
+from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
 BIAS_INITS = ("preln", "mhc_lite")
@@ -248,4 +248,4 @@ class ManifoldHyperConnection(nn.Module):
             u, mixed = torch.bmm(mix, flat).split([1, n], 1)
         out = sublayer(u.view(*lead, dim)).reshape(-1, 1, dim).to(flat.dtype)
         with torch.autocast(streams.device.type, enabled=False):
-            return torch.baddbmm(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)
+            return post_add(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)
