@@ -31,7 +31,7 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from .skinny import skinny_matmul
+from .skinny import post_add, skinny_matmul
 
 MODES = ("static", "dynamic")
 DYNAMIC_SCALE_INIT = 0.01
@@ -79,4 +79,4 @@ class HyperConnection(nn.Module):
         # (n + 1) x d block twice (measured: the zero fills cost hc_dynamic 3% of its training step)
         h_in, mixed = torch.bmm(alpha.transpose(-1, -2).expand(flat.size(0), n + 1, n), flat).split([1, n], 1)
         out = sublayer(h_in.view(*lead, dim))
-        return torch.addcmul(mixed, beta, out.reshape(-1, 1, dim)).view(*lead, n, dim)
+        return post_add(mixed, beta.expand(flat.size(0), n, 1), out.reshape(-1, 1, dim)).view(*lead, n, dim)
