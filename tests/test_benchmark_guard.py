@@ -11,12 +11,10 @@ overhead, so a family's ratios here are lower than at real sizes (the bounds are
 only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
 """
 
-import importlib.util
-import sys
 
 import pytest
 
-from .helpers import REPO
+from .helpers import load_script
 
 # the families the project plans, guarded once registered; plus whatever else the preset table holds
 GUARDED = ("residual", "crossformer_sg", "crossformer_hg", "dca", "dca_k2")
@@ -38,11 +36,7 @@ ARGS = [
 
 
 def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("benchmark", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmark/benchmark.py", "benchmark")
 
 
 benchmark = _load_benchmark()

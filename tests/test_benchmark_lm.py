@@ -2,14 +2,12 @@
 transformer LM of the same shape, in a tiny run (no timed assertions: rows, finite ratios, the report's text);
 and the translation default, whose committed report must still be what the code writes from its JSON."""
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
-from .helpers import REPO
+from .helpers import REPO, load_script
 
 FAMILIES = ("transformer_preln", "dca", "hc_dynamic")
 TINY = [
@@ -21,13 +19,7 @@ TINY = [
 
 
 def _load_benchmark():
-    if "benchmark" in sys.modules:  # tests/test_benchmark_guard.py may have loaded it
-        return sys.modules["benchmark"]
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmark/benchmark.py", "benchmark")
 
 
 benchmark = _load_benchmark()

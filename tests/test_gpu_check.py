@@ -2,28 +2,23 @@
 the checks themselves on the CPU (bf16, tiny width); any failed check -> exit 1 and FAIL in the report; options.
 Also the benchmark's --device cuda error and the report paths (no directory of the machine)."""
 
-import importlib.util
 import json
 import sys
 
 import pytest
 import torch
 
-from .helpers import REPO, run
+from .helpers import REPO, load_script, run
 
 TINY = ["--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--updates", "2"]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "benchmark" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/benchmark/{name}.py", name)
 
 
 gpu_check = _load("gpu_check")
-benchmark = sys.modules.get("benchmark") or _load("benchmark")
+benchmark = _load("benchmark")
 
 
 def test_without_cuda_it_says_so_writes_a_report_and_exits_0(tmp_path, monkeypatch, capsys):

@@ -3,7 +3,6 @@ this project's count of the same model for fairseq's dictionaries, each within t
 or carrying the reason it cannot be; the counts are those of the models fairseq-train builds."""
 
 import contextlib
-import importlib.util
 import io
 import json
 
@@ -11,7 +10,7 @@ import pytest
 
 from fairseq_plugins.models.crossformer import expected_tied_parameter_saving
 
-from .helpers import REPO, build_model, make_dictionary, parse_model_args
+from .helpers import build_model, load_script, make_dictionary, parse_model_args
 
 # (table, column, model, #Params in M) as printed in the paper (crossformer_cross_layer_guidance.md)
 PAPER = [
@@ -35,10 +34,7 @@ PAPER = [
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("param_table", REPO / "scripts" / "analysis" / "param_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/analysis/param_table.py", "param_table")
 
 
 @pytest.fixture(scope="module")

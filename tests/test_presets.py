@@ -67,14 +67,9 @@ def test_baselines_are_fairseqs_own_transformer(arch):
 
 
 def _param_table(argv: list[str], capsys) -> str:
-    import importlib.util
+    from .helpers import load_script
 
-    from .helpers import REPO
-
-    spec = importlib.util.spec_from_file_location("param_table", REPO / "scripts" / "analysis" / "param_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(argv)
+    load_script("scripts/analysis/param_table.py", "param_table").main(argv)
     return capsys.readouterr().out
 
 

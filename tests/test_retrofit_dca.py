@@ -2,7 +2,6 @@
 whose fairseq-generate output is the same, training continues from it, and bad inputs are refused clearly."""
 
 import fractions
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +11,15 @@ from fairseq import checkpoint_utils
 
 from fairseq_plugins.models.families import ALIASES
 
-from .helpers import REPO, generate_command, hypotheses, run, train_command, train_log
+from .helpers import (
+    REPO,
+    generate_command,
+    hypotheses,
+    load_script,
+    run,
+    train_command,
+    train_log,
+)
 
 SCRIPT = REPO / "scripts" / "training" / "retrofit_dca.py"
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "3"]
@@ -22,10 +29,7 @@ SHAPE = ["--encoder-layers", "4", "--decoder-layers", "3"]
 def retrofit_module():
     """The script as a module, to run its command line (main) in-process: importing fairseq in a new process
     is the slow part of running it."""
-    spec = importlib.util.spec_from_file_location("retrofit_dca", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(str(SCRIPT.relative_to(REPO)), "retrofit_dca")
 
 
 @pytest.fixture(scope="module")
