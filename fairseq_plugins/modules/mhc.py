@@ -65,6 +65,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..kernels import mhc_kernel, mhc_ops
 from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
@@ -101,6 +102,14 @@ def sinkhorn_tokens_last(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
     if logits.numel() and logits.abs().amax() > MAX_EXP_LOGIT:
         return _sinkhorn_log(logits, iters)
     return _Normalisations.apply(logits.exp().contiguous(), iters)
+
+
+def gates_pytorch(logits: Tensor, n: int, iters: int = SINKHORN_ITERS) -> Tensor:
+    """[H_pre; H_post; H_res] (2n + n^2, tokens) of the logits (2n + n^2, tokens) in PyTorch: what the mHC
+    kernel (kernels/mhc_cpu.c) computes, and what it falls back to in the log domain."""
+    pre_post = torch.sigmoid(logits[: 2 * n])
+    res = sinkhorn_tokens_last(logits[2 * n :].view(n, n, -1), iters)
+    return torch.cat([pre_post[:n], 2.0 * pre_post[n:], res.flatten(0, 1)])
 
 
 def _sinkhorn_log(logits: Tensor, iters: int) -> Tensor:
@@ -223,6 +232,11 @@ class ManifoldHyperConnection(nn.Module):
             # operators per sublayer otherwise)
             gates = self.gates.to(acc)[self.gate_index].unsqueeze(-1)
             logits = torch.addcmul(self.bias.to(acc).unsqueeze(-1), proj, gates)
+            if self.residual == "sinkhorn" and mhc_kernel.usable(logits, n, self.iters):
+                # sigmoids, exp and Sinkhorn per token in one fused kernel (kernels/mhc_cpu.c): 160 tiny
+                # operator calls per unit in PyTorch, forward and backward
+                out = mhc_ops.gates(logits, n, self.iters)
+                return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1)
             pre_post = torch.sigmoid(logits[: 2 * n])
             pre, post = pre_post[:n], 2.0 * pre_post[n:]
             res_logits = logits[2 * n :]
