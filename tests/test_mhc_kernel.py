@@ -1,7 +1,7 @@
 """The fused mHC gate kernel (kernels/mhc_cpu.c) against the PyTorch code and float64 maths: forward and
 gradients within float32 rounding, the custom operator's backward by gradcheck, the log domain, malformed inputs
 (validated in Python, falling back or raising a clear error, never reaching C), the C entry points' own checks,
-and the fallbacks (switch off, float64, no compiler)."""
+and the fallbacks (switch off, float64, no compiler). The mixing kernel: tests/test_mhc_kernel_mix.py."""
 
 import ctypes
 import os
@@ -188,9 +188,10 @@ def test_float64_and_the_switch_run_the_pytorch_code(monkeypatch):
     assert len(calls) == 1
 
 
-def test_a_unit_with_and_without_the_kernel_agrees():
+@pytest.mark.parametrize("residual", ["sinkhorn", "permutations"])
+def test_a_unit_with_and_without_the_kernel_agrees(residual):
     torch.manual_seed(0)
-    unit = ManifoldHyperConnection(16, 4, site=1)
+    unit = ManifoldHyperConnection(16, 4, site=1, residual=residual)
     with torch.no_grad():
         unit.phi.normal_(0.0, 0.5)
         unit.gates.fill_(1.0)

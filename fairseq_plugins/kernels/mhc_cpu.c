@@ -13,6 +13,7 @@
  * sigmoid of libm and of PyTorch differ by an ulp). Logits the exp-then-divide iteration cannot take
  * (|x| > MAX_EXP_LOGIT, mhc.py says why) are reported with MHC_LOG_DOMAIN before anything is written, and the
  * caller runs PyTorch's log-domain iteration; NaN logits are not (as in mhc.py, whose amax is then NaN).
+ * mhc_mix.c (included at the end) has the per-token mixing with the streams that the coefficients feed.
  * Plain C called through ctypes by kernels/mhc_kernel.py, which owns every allocation; built and verified by
  * kernels/loader.py like the GRN kernels. Parallel over token blocks with OpenMP on the caller's threads.
  */
@@ -44,7 +45,7 @@ enum { B_LOGITS, B_GRAD, B_GRAD_LOGITS, BACKWARD_BUFFERS };
 /* the block functions are inlined into a copy for n = 4 (mHC's n), where the compiler unrolls every loop */
 #define INLINE __attribute__((always_inline))
 
-int mhc_abi_version(void) { return 1; }
+int mhc_abi_version(void) { return 2; }
 
 static int check_dims(const int64_t *dims) {
     const int ok[DIMS] = {
@@ -303,3 +304,5 @@ int mhc_backward(const int64_t *dims, void *const *bufs, const int64_t *sizes, i
     }
     return status;
 }
+
+#include "mhc_mix.c" /* the mixing H_pre x, H_res x and its backward: mhc_mix_forward, mhc_mix_backward */

@@ -8,6 +8,9 @@ compute the same function (tests/test_mhc_kernel.py holds them to each other and
 kernels/loader.py builds and verifies the library as it does the GRN kernels' (docs/kernels.md), as a library
 of its own; one that cannot be had is reported once as a warning and training goes on with the PyTorch code.
 
+The mixing (``mix_forward``: u = H_pre x and H_res x per token from the streams x and the coefficients, and
+``mix_backward``) runs in the same library for float32 streams (``check_mix``); mHC-lite uses it too.
+
 Logits the exp-then-divide iteration cannot take (|x| > 15, mhc.py's MAX_EXP_LOGIT) make the kernel return
 LOG_DOMAIN without writing anything; ``forward`` and ``backward`` then return None and the caller
 (kernels/mhc_ops.py) runs the PyTorch log-domain code.
@@ -30,14 +33,18 @@ logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "FAIRSEQ_PLUGINS_MHC_KERNEL"  # "0" turns the kernel off
 LIBRARY = "mhc_cpu"
-ABI_VERSION = 1  # mhc_abi_version() in mhc_cpu.c
+ABI_VERSION = 2  # mhc_abi_version() in mhc_cpu.c
 MAX_N = 8  # MAX_N, MAX_ITERS and MAX_TOKENS in mhc_cpu.c
 MAX_ITERS = 1000
 MAX_TOKENS = 1 << 36
+MAX_WIDTH = 1 << 24  # mhc_mix.c
 LOG_DOMAIN = 1  # MHC_LOG_DOMAIN
 DIMS = ("n", "tokens", "iters", "threads")
 FORWARD_BUFFERS = ("logits", "out")
 BACKWARD_BUFFERS = ("logits", "grad", "grad logits")
+MIX_DIMS = ("n", "tokens", "width", "threads")
+MIX_FORWARD_BUFFERS = ("x", "coefficients", "u", "mixed")
+MIX_BACKWARD_BUFFERS = ("x", "coefficients", "grad u", "grad mixed", "grad x", "grad coefficients")
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # once loaded, never replaced: a backward uses the library its forward used
@@ -52,7 +59,7 @@ def _load() -> ctypes.CDLL:
     if lib.mhc_abi_version() != ABI_VERSION:
         raise OSError(f"the mHC kernel's library has ABI {lib.mhc_abi_version()}, expected {ABI_VERSION}")
     table = ctypes.c_void_p  # the address of an array("q") of dims, pointers or sizes
-    for fn in (lib.mhc_forward, lib.mhc_backward):
+    for fn in (lib.mhc_forward, lib.mhc_backward, lib.mhc_mix_forward, lib.mhc_mix_backward):
         fn.argtypes, fn.restype = [table, table, table, ctypes.c_int64], ctypes.c_int
     return lib
 
@@ -112,9 +119,32 @@ def usable(logits: Tensor, n: int, iters: int) -> bool:
     return _enabled and check(logits, n, iters) is None and _available()
 
 
-def _call(fn, n: int, iters: int, buffers: list[Tensor], names: tuple[str, ...]) -> bool:
-    """Call a kernel on contiguous float32 buffers; False if it asks for the log domain."""
-    dims = array("q", [n, buffers[0].size(1), iters, torch.get_num_threads()])
+def check_mix(x: Tensor, coef: Tensor, n: int) -> str | None:
+    """Why the mixing kernel cannot take these inputs, or None: x (tokens, n, C) and coef (2n + n^2, tokens),
+    float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH."""
+    if not isinstance(n, int) or not 1 <= n <= MAX_N:
+        return f"n = {n!r} streams (the kernel takes 1 to {MAX_N})"
+    for t in (x, coef):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    if x.dim() != 3 or x.size(1) != n or not 1 <= x.size(0) <= MAX_TOKENS or not 1 <= x.size(2) <= MAX_WIDTH:
+        return f"streams of shape {tuple(x.shape)} for n = {n} ((1 to {MAX_TOKENS}, n, 1 to {MAX_WIDTH}))"
+    if coef.shape != (2 * n + n * n, x.size(0)):
+        return f"coefficients of shape {tuple(coef.shape)} for {x.size(0)} tokens and n = {n}"
+    return None
+
+
+def usable_mix(x: Tensor, n: int) -> bool:
+    """Whether the mixing kernel is on, can be had, and takes streams x (tokens, n, C) (the coefficients come
+    from mhc.py itself: float32 (K, tokens))."""
+    return _enabled and check_mix(x, x.new_empty(2 * n + n * n, x.size(0)) if x.dim() == 3 else x, n) is None \
+        and _available()  # fmt: skip
+
+
+def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None) -> bool:
+    """Call a kernel on contiguous float32 buffers with dims (n, tokens, second, threads), tokens from the
+    first buffer's second dimension unless dims are given; False if it asks for the log domain."""
+    dims = array("q", [*(dims or (n, buffers[0].size(1), second)), torch.get_num_threads()])
     ptrs = array("q", [t.data_ptr() for t in buffers])
     sizes = array("q", [t.numel() for t in buffers])
     status = fn(dims.buffer_info()[0], ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
@@ -123,7 +153,8 @@ def _call(fn, n: int, iters: int, buffers: list[Tensor], names: tuple[str, ...])
     if status == -1:
         raise MemoryError("the mHC kernel could not allocate its working memory")
     if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
-        what = f"dimension {DIMS[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
+        dim_names = MIX_DIMS if names[0] == "x" else DIMS
+        what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
         raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
     return True
 
@@ -159,3 +190,32 @@ def backward(logits: Tensor, grad: Tensor, n: int, iters: int) -> Tensor | None:
     grad_logits = torch.empty_like(logits)
     ok = _call(_library_or_raise().mhc_backward, n, iters, [logits, grad, grad_logits], BACKWARD_BUFFERS)
     return grad_logits if ok else None
+
+
+def mix_forward(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """u = H_pre x (tokens, C) and mixed = H_res x (tokens, n, C) of the streams x (tokens, n, C) and the
+    coefficients coef (2n + n^2, tokens) = [H_pre; H_post; H_res] (H_post unused)."""
+    reason = check_mix(x, coef, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    x, coef = x.contiguous(), coef.contiguous()
+    u, mixed = x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
+    _call(_library_or_raise().mhc_mix_forward, n, 0, [x, coef, u, mixed], MIX_FORWARD_BUFFERS,
+          dims=(n, x.size(0), x.size(2)))  # fmt: skip
+    return u, mixed
+
+
+def mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(grad_x, grad_coef) of mix_forward for grad_u and grad_mixed; grad_coef's H_post rows are zero."""
+    reason = check_mix(x, coef, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    if grad_u.shape != (x.size(0), x.size(2)) or grad_mixed.shape != x.shape:
+        raise ValueError(f"gradients of shapes {tuple(grad_u.shape)} and {tuple(grad_mixed.shape)} for streams "
+                         f"of shape {tuple(x.shape)}")  # fmt: skip
+    x, coef = x.contiguous(), coef.contiguous()
+    grad_u, grad_mixed = grad_u.to(torch.float32).contiguous(), grad_mixed.to(torch.float32).contiguous()
+    grad_x, grad_coef = torch.empty_like(x), torch.empty_like(coef)
+    _call(_library_or_raise().mhc_mix_backward, n, 0, [x, coef, grad_u, grad_mixed, grad_x, grad_coef],
+          MIX_BACKWARD_BUFFERS, dims=(n, x.size(0), x.size(2)))  # fmt: skip
+    return grad_x, grad_coef

@@ -123,3 +123,73 @@ def gates(logits: Tensor, n: int, iters: int) -> Tensor:
     if torch.is_grad_enabled() and logits.requires_grad:
         return KernelFunction.apply(logits, n, iters)
     return _forward_kernel(logits, n, iters)
+
+
+# the mixing u = H_pre x, mixed = H_res x (kernels/mhc_mix.c), the same way
+mhc_mix = torch.library.custom_op("fairseq_plugins::mhc_mix", mutates_args=(), device_types="cpu")(
+    mhc_kernel.mix_forward
+)
+
+
+@mhc_mix.register_fake
+def _(x, coef, n):
+    reason = mhc_kernel.check_mix(x, coef, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    return x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
+
+
+mhc_mix_backward = torch.library.custom_op("fairseq_plugins::mhc_mix_backward", mutates_args=(),
+                                           device_types="cpu")(mhc_kernel.mix_backward)  # fmt: skip
+
+
+@mhc_mix_backward.register_fake
+def _(x, coef, grad_u, grad_mixed, n):
+    return torch.empty_like(x), torch.empty_like(coef)
+
+
+def _mix_setup_context(ctx, inputs, output):
+    x, coef, n = inputs
+    ctx.n = n
+    ctx.save_for_backward(x, coef)
+
+
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+def _mix_backward(ctx, grad_u, grad_mixed):
+    x, coef = ctx.saved_tensors
+    if grad_u is None:
+        grad_u = x.new_zeros(x.size(0), x.size(2))
+    if grad_mixed is None:
+        grad_mixed = torch.zeros_like(x)
+    kernel = mhc_kernel.mix_backward if getattr(ctx, "eager", False) else mhc_mix_backward
+    grad_x, grad_coef = kernel(x, coef, grad_u, grad_mixed, ctx.n)
+    return grad_x, grad_coef, None
+
+
+mhc_mix.register_autograd(_mix_backward, setup_context=_mix_setup_context)
+
+
+class MixFunction(torch.autograd.Function):
+    """mhc_mix's forward and backward in eager autograd, without the operator dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, coef, n):
+        out = mhc_kernel.mix_forward(x, coef, n)
+        _mix_setup_context(ctx, (x, coef, n), out)
+        ctx.eager = True
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_u, grad_mixed):
+        return _mix_backward(ctx, grad_u, grad_mixed)
+
+
+def mix(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(H_pre x (tokens, C), H_res x (tokens, n, C)) by the kernel, for streams that ``usable_mix`` accepts
+    and float32 coefficients [H_pre; H_post; H_res] (2n + n^2, tokens)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return mhc_mix(x, coef, n)
+    if torch.is_grad_enabled() and (x.requires_grad or coef.requires_grad):
+        return MixFunction.apply(x, coef, n)
+    return mhc_kernel.mix_forward(x, coef, n)

@@ -213,12 +213,13 @@ class ManifoldHyperConnection(nn.Module):
     def coefficients(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input);
         views of the tokens-last coefficients the forward uses."""
-        pre, post, res = self._coefficients_tokens_last(streams)
+        pre, post, res, _ = self._coefficients_tokens_last(streams)
         return pre.t(), post.t(), res.permute(2, 0, 1)
 
-    def _coefficients_tokens_last(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _coefficients_tokens_last(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """H_pre (n, tokens), H_post (n, tokens), H_res (n, n, tokens): the coefficient maths runs tokens last
-        (the thin product's own layout), so that every operator covers contiguous rows of tokens."""
+        (the thin product's own layout), so that every operator covers contiguous rows of tokens. Also the
+        fused kernel's [H_pre; H_post; H_res] (2n + n^2, tokens) of which the three are views, or None."""
         n = self.rate
         acc = torch.promote_types(streams.dtype, torch.float32)
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
@@ -236,7 +237,7 @@ class ManifoldHyperConnection(nn.Module):
                 # sigmoids, exp and Sinkhorn per token in one fused kernel (kernels/mhc_cpu.c): 160 tiny
                 # operator calls per unit in PyTorch, forward and backward
                 out = mhc_ops.gates(logits, n, self.iters)
-                return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1)
+                return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
             pre_post = torch.sigmoid(logits[: 2 * n])
             pre, post = pre_post[:n], 2.0 * pre_post[n:]
             res_logits = logits[2 * n :]
@@ -246,20 +247,28 @@ class ManifoldHyperConnection(nn.Module):
                 res = (perms @ res_logits.softmax(0)).view(n, n, -1)
             else:
                 res = sinkhorn_tokens_last(res_logits.view(n, n, -1), self.iters)
-        return pre, post, res
+        return pre, post, res, None
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
         *lead, n, dim = streams.shape
         flat = streams.reshape(-1, n, dim)
-        pre, post, res = self._coefficients_tokens_last(streams)
+        pre, post, res, coef = self._coefficients_tokens_last(streams)
         # the streams are the residual stream: under autocast they keep their dtype (float32, as the plugin's
         # residual stream does by promotion) instead of dropping to half at the first mix
         with torch.autocast(streams.device.type, enabled=False):
-            # H_pre x_l and H_res x_l in one small product per token; split (not slicing) so that backward
-            # joins the two gradients with one cat instead of zero-filling the (n + 1) x C block twice. The cat
-            # also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
-            mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
-            u, mixed = torch.bmm(mix, flat).split([1, n], 1)
+            if mhc_kernel.usable_mix(flat, n):
+                # H_pre x_l and H_res x_l per token in one pass over the streams (kernels/mhc_mix.c): a bmm of
+                # (n + 1, n) x (n, C) matrices spends its time per matrix, not in the arithmetic
+                if coef is None:  # mHC-lite, or the PyTorch gates
+                    coef = torch.cat([pre, post, res.flatten(0, 1)])
+                u, mixed = mhc_ops.mix(flat, coef, n)
+                u = u.unsqueeze(1)
+            else:
+                # H_pre x_l and H_res x_l in one small product per token; split (not slicing) so that backward
+                # joins the two gradients with one cat instead of zero-filling the (n + 1) x C block twice. The
+                # cat also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
+                mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
+                u, mixed = torch.bmm(mix, flat).split([1, n], 1)
         out = sublayer(u.view(*lead, dim)).reshape(-1, 1, dim).to(flat.dtype)
         with torch.autocast(streams.device.type, enabled=False):
             return post_add(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)
