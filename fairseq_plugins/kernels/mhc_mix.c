@@ -87,8 +87,11 @@ static int check_mix(const int64_t *dims, void *const *bufs, const int64_t *size
         if (!ok[k]) return MHC_BAD_DIM + k;
     int want = (int)strlen(kinds);
     if (count != want) return MHC_BAD_BUFFER + want;
-    for (int k = 0; k < want; k++) { /* T n C <= 2^36 2^3 2^24: no overflow */
-        int64_t size = kinds[k] == 's' ? T * n * C : kinds[k] == 'u' ? T * C : (2 * n + n * n) * T;
+    int64_t tn, tnc; /* T n C can reach 2^63 within the bounds above: a size that overflows fits no buffer */
+    if (__builtin_mul_overflow(T, n, &tn) || __builtin_mul_overflow(tn, C, &tnc) || tnc > INT64_MAX / 8)
+        return MHC_BAD_BUFFER;
+    for (int k = 0; k < want; k++) { /* T C and K T are below T n C and 2^40 */
+        int64_t size = kinds[k] == 's' ? tnc : kinds[k] == 'u' ? T * C : (2 * n + n * n) * T;
         if (!bufs[k] || sizes[k] != size) return MHC_BAD_BUFFER + k;
     }
     return MHC_OK;
