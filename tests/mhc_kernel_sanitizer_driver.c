@@ -20,6 +20,12 @@ static int run(int (*fn)(const int64_t *, void *const *, const int64_t *, int64_
     return fn(dims, (void *const *)bufs, sizes, count);
 }
 
+static int run2(int (*fn)(const int64_t *, float, void *const *, const int64_t *, int64_t), const int64_t *dims,
+                float **bufs, const int64_t *sizes, int64_t count) { /* mhc_coefficients: eps 1e-20 */
+    calls++;
+    return fn(dims, 1e-20f, (void *const *)bufs, sizes, count);
+}
+
 #define EXPECT(cond)                                                       \
     do {                                                                   \
         if (!(cond)) {                                                     \
@@ -47,6 +53,16 @@ int main(void) {
                     int64_t sf[] = {tnc, kt, tc, tnc}, sb[] = {tnc, kt, tc, tnc, tnc, kt};
                     EXPECT(run(mhc_mix_forward, mdims, (float *[]){x, out, u, mixed}, sf, 4) == MHC_OK);
                     EXPECT(run(mhc_mix_backward, mdims, (float *[]){x, out, gu, gm, gx, grad_logits}, sb, 6) == MHC_OK);
+                    int64_t cdims[] = {n, T, C, iters, threads};
+                    float *bias = filled(K, 1.0f), *gates = filled(3, 1.0f), *raw = filled(kt, 0.5f);
+                    int64_t sc[] = {tnc, kt, K, 3, kt};
+                    EXPECT(run2(mhc_coefficients, cdims, (float *[]){x, raw, bias, gates, out}, sc, 5) == MHC_OK);
+                    EXPECT(run2(mhc_coefficients, cdims, (float *[]){x, raw, bias, gates, out}, sc, 4) ==
+                           MHC_BAD_BUFFER + 5);
+                    sc[1] -= 1;
+                    EXPECT(run2(mhc_coefficients, cdims, (float *[]){x, raw, bias, gates, out}, sc, 5) ==
+                           MHC_BAD_BUFFER + 1);
+                    free(raw), free(bias), free(gates);
                     free(logits), free(out), free(grad), free(grad_logits), free(x), free(u), free(mixed);
                     free(gu), free(gm), free(gx);
                 }

@@ -225,3 +225,56 @@ def test_compiles_and_traces_as_an_operator():
     traced = torch.jit.trace(lambda t: mhc_ops.gates(t, 4, 20), (x,))
     assert "fairseq_plugins::mhc_gates" in str(traced.graph)
     torch.testing.assert_close(traced(x), gates_pytorch(x, 4, 20), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize(("n", "dim", "tokens"), [(4, 16, 5), (4, 256, 80), (3, 7, 9), (1, 8, 1), (8, 4, 13)])
+def test_decoding_coefficients_in_one_call_equal_the_pytorch_code(n, dim, tokens):
+    """Without autograd the whole coefficient maths runs in mhc_coefficients (RMSNorm, product, gates, bias,
+    then the gates kernel); float64 maths of the same unit is the reference."""
+    torch.manual_seed(n + dim)
+    unit = ManifoldHyperConnection(dim, n, site=2)
+    with torch.no_grad():
+        unit.phi.normal_(0.0, 1.0 / dim**0.5)
+        unit.gain.uniform_(0.5, 1.5)
+        unit.gates.uniform_(0.5, 2.0)
+    x = torch.randn(tokens, 1, n, dim)
+    calls = []
+    original = mhc_kernel.coefficients
+    with torch.no_grad():
+        mhc_kernel.coefficients = lambda *a: calls.append(1) or original(*a)
+        try:
+            got = unit.coefficients(x)
+        finally:
+            mhc_kernel.coefficients = original
+        want = unit.double().coefficients(x.double())
+    assert calls
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-6)
+
+
+def test_decoding_coefficients_take_the_log_domain():
+    unit = ManifoldHyperConnection(8, 4)
+    with torch.no_grad():
+        unit.bias[2 * 4 + 1] = 40.0  # a residual logit beyond MAX_EXP_LOGIT for every token
+        x = torch.randn(6, 1, 4, 8)
+        v = x.reshape(6, -1)
+        params = (unit.gain, unit.phi, unit.bias, unit.gates)
+        assert not mhc_kernel.coefficients(v, *params, 4, 20, unit.rms_eps)[1]
+        got = unit.coefficients(x)
+        with mhc_kernel.enabled(False):
+            want = unit.coefficients(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_decoding_coefficients_refuse_malformed_inputs():
+    n, v = 4, torch.randn(3, 32)
+    gain, phi, bias, gates = torch.ones(32), torch.zeros(32, 24), torch.zeros(24), torch.ones(3)
+    assert mhc_kernel.check_coefficients(v, gain, phi, bias, gates, n, 20) is None
+    bad = [(v[:, :30], gain, phi, bias, gates, n), (v, gain[:-1], phi, bias, gates, n),
+           (v, gain, phi[:, :-1], bias, gates, n), (v, gain, phi, bias.double(), gates, n),
+           (v[:0], gain, phi, bias, gates, n), (v, gain, phi, bias, gates[:2], n), (v, gain, phi, bias, gates, 9)]
+    for args in bad:
+        assert mhc_kernel.check_coefficients(*args, 20) is not None
+        with pytest.raises(ValueError, match="the mHC kernel cannot take"):
+            mhc_kernel.coefficients(*args, 20, 1e-20)

@@ -11,6 +11,9 @@ of its own; one that cannot be had is reported once as a warning and training go
 The mixing (``mix_forward``: u = H_pre x and H_res x per token from the streams x and the coefficients, and
 ``mix_backward``) runs in the same library for float32 streams (``check_mix``); mHC-lite uses it too.
 
+Without autograd (decoding) ``coefficients`` computes the whole coefficient maths of a unit (RMSNorm, the
+product with phi, gates and bias, then the gates above) in one call (kernels/mhc_coef.c).
+
 Logits the exp-then-divide iteration cannot take (|x| > 15, mhc.py's MAX_EXP_LOGIT) make the kernel return
 LOG_DOMAIN without writing anything; ``forward`` and ``backward`` then return None and the caller
 (kernels/mhc_ops.py) runs the PyTorch log-domain code.
@@ -33,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "FAIRSEQ_PLUGINS_MHC_KERNEL"  # "0" turns the kernel off
 LIBRARY = "mhc_cpu"
-ABI_VERSION = 2  # mhc_abi_version() in mhc_cpu.c
+ABI_VERSION = 3  # mhc_abi_version() in mhc_cpu.c
 MAX_N = 8  # MAX_N, MAX_ITERS and MAX_TOKENS in mhc_cpu.c
 MAX_ITERS = 1000
 MAX_TOKENS = 1 << 36
@@ -43,6 +46,8 @@ DIMS = ("n", "tokens", "iters", "threads")
 FORWARD_BUFFERS = ("logits", "out")
 BACKWARD_BUFFERS = ("logits", "grad", "grad logits")
 MIX_DIMS = ("n", "tokens", "width", "threads")
+COEF_DIMS = ("n", "tokens", "width", "iters", "threads")
+COEF_BUFFERS = ("v", "raw", "bias", "gates", "out")
 MIX_FORWARD_BUFFERS = ("x", "coefficients", "u", "mixed")
 MIX_BACKWARD_BUFFERS = ("x", "coefficients", "grad u", "grad mixed", "grad x", "grad coefficients")
 
@@ -61,6 +66,8 @@ def _load() -> ctypes.CDLL:
     table = ctypes.c_void_p  # the address of an array("q") of dims, pointers or sizes
     for fn in (lib.mhc_forward, lib.mhc_backward, lib.mhc_mix_forward, lib.mhc_mix_backward):
         fn.argtypes, fn.restype = [table, table, table, ctypes.c_int64], ctypes.c_int
+    lib.mhc_coefficients.argtypes = [table, ctypes.c_float, table, table, ctypes.c_int64]
+    lib.mhc_coefficients.restype = ctypes.c_int
     return lib
 
 
@@ -141,19 +148,19 @@ def usable_mix(x: Tensor, n: int) -> bool:
         and _available()  # fmt: skip
 
 
-def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None) -> bool:
+def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None, extra=()) -> bool:
     """Call a kernel on contiguous float32 buffers with dims (n, tokens, second, threads), tokens from the
     first buffer's second dimension unless dims are given; False if it asks for the log domain."""
     dims = array("q", [*(dims or (n, buffers[0].size(1), second)), torch.get_num_threads()])
     ptrs = array("q", [t.data_ptr() for t in buffers])
     sizes = array("q", [t.numel() for t in buffers])
-    status = fn(dims.buffer_info()[0], ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
+    status = fn(dims.buffer_info()[0], *extra, ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
     if status == LOG_DOMAIN:
         return False
     if status == -1:
         raise MemoryError("the mHC kernel could not allocate its working memory")
     if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
-        dim_names = MIX_DIMS if names[0] == "x" else DIMS
+        dim_names = {"x": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
         what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
         raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
     return True
@@ -219,3 +226,44 @@ def mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n:
     _call(_library_or_raise().mhc_mix_backward, n, 0, [x, coef, grad_u, grad_mixed, grad_x, grad_coef],
           MIX_BACKWARD_BUFFERS, dims=(n, x.size(0), x.size(2)))  # fmt: skip
     return grad_x, grad_coef
+
+
+def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
+                       iters: int) -> str | None:  # fmt: skip
+    """Why ``coefficients`` cannot take these inputs, or None: v (tokens, n C), gain (n C), phi (n C, K),
+    bias (K), gates (3) with K = 2n + n^2, float32 strided CPU tensors, and n, iters, tokens and C in range."""
+    if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= MAX_N or not 1 <= iters <= MAX_ITERS:
+        return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {MAX_N} and 1 to {MAX_ITERS})"
+    for t in (v, gain, phi, bias, gates):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    k = 2 * n + n * n
+    if v.dim() != 2 or not 1 <= v.size(0) <= MAX_TOKENS or v.size(1) % n or not 1 <= v.size(1) // n <= MAX_WIDTH:
+        return f"streams of shape {tuple(v.shape)} for n = {n} ((1 to {MAX_TOKENS}, n C))"
+    if gain.shape != (v.size(1),) or phi.shape != (v.size(1), k) or bias.shape != (k,) or gates.shape != (3,):
+        return (f"parameters of shapes {[tuple(t.shape) for t in (gain, phi, bias, gates)]} for n C = {v.size(1)} "
+                f"and K = {k}")  # fmt: skip
+    return None
+
+
+def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
+                 eps: float) -> tuple[Tensor, bool]:  # fmt: skip
+    """Without autograd: (out, True) with out = [H_pre; H_post; H_res] (2n + n^2, tokens) of the streams v
+    (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain. The product
+    with gain phi is torch's (MKL), the rest one kernel call."""
+    reason = check_coefficients(v, gain, phi, bias, gates, n, iters)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    v = v.detach().contiguous()
+    raw = torch.mm((phi.detach() * gain.detach().unsqueeze(-1)).t(), v.t())  # (K, tokens), contiguous
+    buffers = [v, raw, bias.detach().contiguous(), gates.detach().contiguous()]
+    out = v.new_empty(2 * n + n * n, v.size(0))
+    ok = _call(_library_or_raise().mhc_coefficients, n, 0, [*buffers, out], COEF_BUFFERS,
+               dims=(n, v.size(0), v.size(1) // n, iters), extra=(eps,))  # fmt: skip
+    return out, ok
+
+
+def usable_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
+                        iters: int) -> bool:  # fmt: skip
+    """Whether the kernel is on, can be had, and ``coefficients`` takes these inputs."""
+    return _enabled and check_coefficients(v, gain, phi, bias, gates, n, iters) is None and _available()

@@ -225,6 +225,10 @@ class ManifoldHyperConnection(nn.Module):
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(streams.device.type, enabled=False):
             v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
+            if not torch.is_grad_enabled() and self.residual == "sinkhorn":
+                decoded = self._coefficients_kernel(v)
+                if decoded is not None:
+                    return decoded
             # RMSNorm(v) phi = rsqrt(mean(v^2) + eps) * (v (gain phi)): the gain folded into phi (as the paper
             # does) and the scale applied to the n(2 + n) products, not to the nC inputs (two passes fewer
             # over the streams, forward and backward)
@@ -248,6 +252,17 @@ class ManifoldHyperConnection(nn.Module):
             else:
                 res = sinkhorn_tokens_last(res_logits.view(n, n, -1), self.iters)
         return pre, post, res, None
+
+    def _coefficients_kernel(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c; a decoding
+        step's dozen small operator calls cost more than their arithmetic), or None where it does not run."""
+        n, params = self.rate, (self.gain, self.phi, self.bias, self.gates)
+        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters):
+            return None
+        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps)
+        if not ok:  # the log domain: out holds the logits
+            out = gates_pytorch(out, n, self.iters)
+        return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
         *lead, n, dim = streams.shape
