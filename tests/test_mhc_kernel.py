@@ -278,3 +278,18 @@ def test_decoding_coefficients_refuse_malformed_inputs():
         assert mhc_kernel.check_coefficients(*args, 20) is not None
         with pytest.raises(ValueError, match="the mHC kernel cannot take"):
             mhc_kernel.coefficients(*args, 20, 1e-20)
+
+
+def test_a_unit_compiles_without_graph_breaks():
+    """The kernels as operators under torch.compile(fullgraph=True) (eager backend: the fake implementations and
+    the registered autograd formulas are what is checked), forward and backward, equal to eager."""
+    torch.manual_seed(0)
+    unit = ManifoldHyperConnection(8, 4, site=1)
+    x = expand_streams(torch.randn(3, 2, 8), 4).requires_grad_()
+    compiled = torch.compile(lambda s: unit(s, torch.tanh), backend="eager", fullgraph=True)
+    got = compiled(x)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+    want = unit(x, torch.tanh)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)

@@ -126,17 +126,18 @@ def usable(logits: Tensor, n: int, iters: int) -> bool:
     return _enabled and check(logits, n, iters) is None and _available()
 
 
-def check_mix(x: Tensor, coef: Tensor, n: int) -> str | None:
+def check_mix(x: Tensor, coef: Tensor | None, n: int) -> str | None:
     """Why the mixing kernel cannot take these inputs, or None: x (tokens, n, C) and coef (2n + n^2, tokens),
-    float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH."""
+    float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (coef None: the
+    streams alone)."""
     if not isinstance(n, int) or not 1 <= n <= MAX_N:
         return f"n = {n!r} streams (the kernel takes 1 to {MAX_N})"
-    for t in (x, coef):
+    for t in (x, coef) if coef is not None else (x,):
         if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
             return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
     if x.dim() != 3 or x.size(1) != n or not 1 <= x.size(0) <= MAX_TOKENS or not 1 <= x.size(2) <= MAX_WIDTH:
         return f"streams of shape {tuple(x.shape)} for n = {n} ((1 to {MAX_TOKENS}, n, 1 to {MAX_WIDTH}))"
-    if coef.shape != (2 * n + n * n, x.size(0)):
+    if coef is not None and coef.shape != (2 * n + n * n, x.size(0)):
         return f"coefficients of shape {tuple(coef.shape)} for {x.size(0)} tokens and n = {n}"
     return None
 
@@ -144,8 +145,7 @@ def check_mix(x: Tensor, coef: Tensor, n: int) -> str | None:
 def usable_mix(x: Tensor, n: int) -> bool:
     """Whether the mixing kernel is on, can be had, and takes streams x (tokens, n, C) (the coefficients come
     from mhc.py itself: float32 (K, tokens))."""
-    return _enabled and check_mix(x, x.new_empty(2 * n + n * n, x.size(0)) if x.dim() == 3 else x, n) is None \
-        and _available()  # fmt: skip
+    return _enabled and check_mix(x, None, n) is None and _available()
 
 
 def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None, extra=()) -> bool:
