@@ -293,3 +293,25 @@ def test_a_unit_compiles_without_graph_breaks():
     (want_grad,) = torch.autograd.grad(want.square().sum(), x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_without_the_library_the_pytorch_code_runs(monkeypatch):
+    """No compiler or a refused cache leaves loaded() None (tests/test_grn_kernel_cache.py, for both libraries):
+    then nothing is called and the unit gives the PyTorch code's results, training and decoding."""
+    unit = ManifoldHyperConnection(8, 4, site=1)
+    x = expand_streams(torch.randn(3, 2, 8), 4).requires_grad_()
+    with mhc_kernel.enabled(False):
+        want = unit(x, torch.tanh)
+    monkeypatch.setattr(mhc_kernel, "_library", None)
+    monkeypatch.setattr(mhc_kernel, "_tried", True)
+    monkeypatch.setattr(mhc_kernel, "failure", "no C compiler (test)")
+    assert not mhc_kernel.usable(logits_for(4, 6), 4, 20) and not mhc_kernel.usable_mix(x.reshape(-1, 4, 8), 4)
+    torch.testing.assert_close(unit(x, torch.tanh), want, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(unit(x, torch.tanh), want, rtol=0, atol=0)
+
+
+def test_other_devices_are_refused():
+    for t in (torch.empty(24, 5, device="meta"), torch.empty(24, 5).to_sparse()):
+        assert mhc_kernel.check(t, 4, 20) is not None
+    assert mhc_kernel.check_mix(torch.empty(5, 4, 8, device="meta"), None, 4) is not None
