@@ -1,4 +1,4 @@
-"""The GRN kernels' cache as a trust boundary (kernels/loader.py, docs/kernels.md): private directories, refused
+"""The kernel cache (the GRN kernels' and the mHC kernel's libraries) as a trust boundary (kernels/loader.py, docs/kernels.md): private directories, refused
 foreign or writable entries and planted libraries, a verified hash, a build key that names the compiler and
 the target, no home directory needed, a hung compiler killed with its children (issue 30)."""
 
@@ -12,37 +12,46 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_plugins.kernels import grn_kernel, loader
+from fairseq_plugins.kernels import grn_kernel, loader, mhc_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """A cache holding one built library and its record (built once for the module)."""
+# each library's module (its loaded(), failure and warning), parametrising every test below
+KERNELS = {"grn_cpu": (grn_kernel, "GRN kernels unavailable"), "mhc_cpu": (mhc_kernel, "mHC kernel unavailable")}
+
+
+@pytest.fixture(scope="module", params=sorted(KERNELS))
+def built(request, tmp_path_factory) -> tuple[Path, str]:
+    """A cache holding one built library and its record (built once per library)."""
     cache = tmp_path_factory.mktemp("built") / "cache"
     before = os.environ.get(loader.CACHE_ENV)
     os.environ[loader.CACHE_ENV] = str(cache)
     try:
-        loader.load()
+        loader.load(request.param)
     finally:
         if before is None:
             del os.environ[loader.CACHE_ENV]
         else:
             os.environ[loader.CACHE_ENV] = before
-    return cache
+    return cache, request.param
 
 
 @pytest.fixture
-def cache(built, tmp_path, monkeypatch) -> Path:
+def kernel(built):
+    return KERNELS[built[1]][0]
+
+
+@pytest.fixture
+def cache(built, kernel, tmp_path, monkeypatch) -> Path:
     """A copy of the built cache, used by a loader in the state of a new process."""
     copy = tmp_path / "cache"
-    shutil.copytree(built, copy, symlinks=True)
+    shutil.copytree(built[0], copy, symlinks=True)
     copy.chmod(0o700)
     monkeypatch.setenv(loader.CACHE_ENV, str(copy))
-    monkeypatch.setattr(grn_kernel, "_library", None)
-    monkeypatch.setattr(grn_kernel, "_tried", False)
-    monkeypatch.setattr(grn_kernel, "failure", None)
+    monkeypatch.setattr(kernel, "_library", None)
+    monkeypatch.setattr(kernel, "_tried", False)
+    monkeypatch.setattr(kernel, "failure", None)
     return copy
 
 
@@ -50,61 +59,62 @@ def library_file(cache: Path) -> Path:
     return next(cache.glob("*.so"))
 
 
-def refused(caplog, needle: str) -> str:
+def refused(caplog, needle: str, kernel) -> str:
     """Load as a new process would: the PyTorch code with one warning naming ``needle``."""
-    assert grn_kernel.loaded() is None
-    warnings = [r.getMessage() for r in caplog.records if "GRN kernels unavailable" in r.getMessage()]
+    assert kernel.loaded() is None
+    name = {module: text for module, text in KERNELS.values()}[kernel]
+    warnings = [r.getMessage() for r in caplog.records if name in r.getMessage()]
     assert len(warnings) == 1 and needle in warnings[0], warnings
     return warnings[0]
 
 
-def test_the_cache_is_created_private_and_loads(cache, tmp_path, monkeypatch):
+def test_the_cache_is_created_private_and_loads(cache, kernel, tmp_path, monkeypatch):
     fresh = tmp_path / "new" / "cache"
     monkeypatch.setenv(loader.CACHE_ENV, str(fresh))
-    assert grn_kernel.loaded() is not None, grn_kernel.failure
+    assert kernel.loaded() is not None, kernel.failure
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
     assert not stat.S_IMODE(library_file(fresh).stat().st_mode) & 0o022
 
 
 @pytest.mark.parametrize("where", ["directory", "library", "record"])
-def test_group_or_world_writable_entries_are_refused(cache, caplog, where):
+def test_group_or_world_writable_entries_are_refused(cache, kernel, caplog, where):
     path = {"directory": cache, "library": library_file(cache), "record": next(cache.glob("*.sha256"))}[where]
     path.chmod(stat.S_IMODE(path.stat().st_mode) | 0o022)
-    assert str(path) in refused(caplog, "writable by group or others")
+    assert str(path) in refused(caplog, "writable by group or others", kernel)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 @pytest.mark.parametrize("where", ["directory", "library"])
-def test_entries_owned_by_another_user_are_refused(cache, caplog, where):
+def test_entries_owned_by_another_user_are_refused(cache, kernel, caplog, where):
     os.chown(cache if where == "directory" else library_file(cache), 12345, -1)
-    refused(caplog, "owned by uid 12345")
+    refused(caplog, "owned by uid 12345", kernel)
 
 
-def test_a_planted_library_is_refused(cache, caplog):
+def test_a_planted_library_is_refused(cache, kernel, caplog):
     lib = library_file(cache)
     data = bytearray(lib.read_bytes())
     data[-1] ^= 0xFF  # another library under the recorded name
     lib.chmod(0o700)
     lib.write_bytes(bytes(data))
-    refused(caplog, "sha256 is not the one recorded")
+    refused(caplog, "sha256 is not the one recorded", kernel)
 
 
-def test_a_symlinked_library_is_not_followed(cache, caplog, tmp_path):
+def test_a_symlinked_library_is_not_followed(cache, kernel, caplog, tmp_path):
     lib = library_file(cache)
     elsewhere = tmp_path / "elsewhere.so"
     shutil.copy(lib, elsewhere)
     lib.unlink()
     lib.symlink_to(elsewhere)
-    assert grn_kernel.loaded() is None and "GRN kernels unavailable" in caplog.text
+    assert kernel.loaded() is None and "unavailable" in caplog.text
 
 
-def test_no_home_directory_is_needed_with_the_cache_variable(cache, monkeypatch, caplog):
+def test_no_home_directory_is_needed_with_the_cache_variable(cache, kernel, monkeypatch, caplog):
     def no_home():
         raise RuntimeError("Could not determine home directory.")
 
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     monkeypatch.delenv("HOME", raising=False)
-    assert grn_kernel.loaded() is not None, grn_kernel.failure
+    assert kernel.loaded() is not None, kernel.failure
     monkeypatch.delenv(loader.CACHE_ENV)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     with pytest.raises(OSError, match=loader.CACHE_ENV):
@@ -124,18 +134,20 @@ def test_the_build_key_names_the_compiler_version_and_the_target(tmp_path):
     assert "native" not in target  # what -march=native resolved to, read from the compiler (no /proc/cpuinfo)
     if target:
         assert loader.build_key(cc, loader.BASE_FLAGS, target) != loader.build_key(cc, loader.BASE_FLAGS, "x")
+    assert loader.build_key(cc, loader.BASE_FLAGS, target, "mhc_cpu") != loader.build_key(cc, loader.BASE_FLAGS,
+                                                                                           target)  # fmt: skip
     other = fake_compiler(tmp_path, "othercc", f'exec {cc[0]} "$@"')  # the same compiler, another version
     assert loader.build_key([str(other)], loader.BASE_FLAGS, target) != loader.build_key(cc, loader.BASE_FLAGS,
                                                                                           target)  # fmt: skip
 
 
-def test_a_hung_compiler_is_killed_with_its_children(cache, tmp_path, monkeypatch, caplog):
+def test_a_hung_compiler_is_killed_with_its_children(cache, kernel, tmp_path, monkeypatch, caplog):
     pids = tmp_path / "pids"
     hung = fake_compiler(tmp_path, "hungcc", f'case "$*" in *"###"*) exit 1;; esac\n'
                                              f'sleep 60 & echo $! >> {pids}\nsleep 60')  # fmt: skip
     monkeypatch.setenv("CC", str(hung))
     monkeypatch.setattr(loader, "BUILD_TIMEOUT", 1)
-    refused(caplog, "was killed with its children")
+    refused(caplog, "was killed with its children", kernel)
     deadline = time.monotonic() + 5
     for pid in map(int, pids.read_text().split()):
         while time.monotonic() < deadline and _alive(pid):

@@ -88,21 +88,23 @@ def _(b, w, norm_weight, with_norm, grad, grad_first, mean, rstd, rho, dot, norm
 
 
 class _Undifferentiable(torch.autograd.Function):
-    """Copies of its tensors whose gradient raises NO_DOUBLE_BACKWARD; ``anchor`` ties them into the graph."""
+    """Copies of its tensors whose gradient raises ``message``; ``anchor`` ties them into the graph."""
 
     @staticmethod
-    def forward(ctx, anchor, *tensors):
+    def forward(ctx, anchor, message, *tensors):
+        ctx.message = message
         return tuple(t.clone() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(NO_DOUBLE_BACKWARD)
+        raise RuntimeError(ctx.message)
 
 
-def once_differentiable(backward):
+def once_differentiable(backward, message: str = NO_DOUBLE_BACKWARD):
     """Run ``backward(ctx, *grads)`` without autograd; under create_graph=True its results (tensors, or lists of
-    tensors) come out tied to the incoming gradients through a node that raises NO_DOUBLE_BACKWARD if a second
-    backward reaches it (torch's own once_differentiable takes no lists, and its message names no module)."""
+    tensors) come out tied to the incoming gradients through a node that raises ``message`` if a second
+    backward reaches it (torch's own once_differentiable takes no lists, and its message names no module).
+    Also used by the mHC kernel (mhc_ops.py) with its own message."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
@@ -112,7 +114,7 @@ def once_differentiable(backward):
         if not torch.is_grad_enabled() or anchor is None:
             return results
         flat = [t for r in results for t in (r if isinstance(r, list | tuple) else [r]) if isinstance(t, Tensor)]
-        tied = iter(_Undifferentiable.apply(anchor, *flat))
+        tied = iter(_Undifferentiable.apply(anchor, message, *flat))
 
         def swap(r):
             if isinstance(r, list | tuple):

@@ -1,4 +1,6 @@
-"""Building, caching and loading the GRN kernels (grn_cpu.c) without trusting the cache more than the user.
+"""Building, caching and loading the kernel libraries (``LIBRARIES``: the GRN kernels grn_cpu.c, the mHC kernel
+mhc_cpu.c) without trusting the cache more than the user. Each library is built, cached and verified on its
+own (one that fails to build does not take the other with it), under the same rules.
 
 The trust model (docs/kernels.md says it for users):
 - The cache directory (``$FAIRSEQ_PLUGINS_CACHE``, else ``$XDG_CACHE_HOME/fairseq_plugins``, else
@@ -6,14 +8,15 @@ The trust model (docs/kernels.md says it for users):
   the effective user and writable by no one else; anything else is refused with a warning naming the path,
   and the PyTorch code runs. The directory is opened once and every file is reached through that descriptor,
   without following links, so a path swapped after the check is not read.
-- The library is published under its content hash (``grn_cpu-<sha256>.so``): written under a fresh temporary
+- A library is published under its content hash (``<name>-<sha256>.so``): written under a fresh temporary
   name, fsynced and hard-linked into place (a file that exists is never replaced, so no process's mapping
-  changes under it). The record ``grn_cpu-<build key>.sha256`` names it; it is replaced atomically.
+  changes under it). The record ``<name>-<build key>.sha256`` names it; it is replaced atomically.
 - Loading reads the library through one descriptor, checks its sha256 against the record, and loads that same
-  descriptor (``/proc/self/fd/N`` on Linux), so what was verified is what runs.
-- The build key covers what the machine code depends on: the kernels' source, the compiler's resolved path and
-  ``--version``, the flags, and the target the compiler resolves ``-march=native`` to (from ``cc -###``; if
-  that cannot be read the build is portable, without ``-march=native``).
+  descriptor (``/proc/self/fd/N`` on Linux), so what was verified is what runs; the descriptor is kept open,
+  so its name is never reused for another library (the dynamic loader would return the earlier one).
+- The build key covers what the machine code depends on: the library's name and source, the compiler's
+  resolved path and ``--version``, the flags, and the target the compiler resolves ``-march=native`` to (from
+  ``cc -###``; if that cannot be read the build is portable, without ``-march=native``).
 - The compiler runs in its own session, in a private temporary directory (also its TMPDIR), and is killed as a
   process group if it exceeds the time limit, so no child outlives it and writes into the cache.
 """
@@ -32,7 +35,12 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "grn_cpu.c", HERE / "grn_loops.c")  # grn_cpu.c includes grn_loops.c
+# name -> its sources, the first compiled (grn_cpu.c includes grn_loops.c), all in the build key
+LIBRARIES = {
+    "grn_cpu": (HERE / "grn_cpu.c", HERE / "grn_loops.c"),
+    "mhc_cpu": (HERE / "mhc_cpu.c", HERE / "mhc_mix.c", HERE / "mhc_coef.c"),  # the first includes the others
+}
+DEFAULT = "grn_cpu"
 BASE_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC")
 OPENMP_FLAG = "-fopenmp"
 BUILD_TIMEOUT = 300  # seconds: a hung compiler falls back like a missing one
@@ -40,6 +48,9 @@ PROBE_TIMEOUT = 60
 CACHE_ENV = "FAIRSEQ_PLUGINS_CACHE"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+_KEPT_OPEN: list[int] = []  # descriptors of the loaded libraries (see _load_verified)
 
 
 class Refused(OSError):
@@ -160,15 +171,15 @@ def native_target(cc: list[str]) -> str:
     return ""
 
 
-def build_key(cc: list[str], flags: tuple[str, ...], target: str) -> str:
+def build_key(cc: list[str], flags: tuple[str, ...], target: str, name: str = DEFAULT) -> str:
     version = _run([*cc, "--version"], PROBE_TIMEOUT)
     if version.returncode:
         raise OSError(f"{cc[0]} --version failed: {version.stderr.strip()[-300:]}")
-    parts = [*(p.read_text() for p in SOURCES), *cc, version.stdout, *flags, target]
+    parts = [name, *(p.read_text() for p in LIBRARIES[name]), *cc, version.stdout, *flags, target]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def _compile(cc: list[str], flags: tuple[str, ...], dfd: int, path: Path) -> bytes:
+def _compile(cc: list[str], flags: tuple[str, ...], dfd: int, path: Path, name: str) -> bytes:
     """Compile in a fresh private directory of the cache; its output is read through the cache's descriptor."""
     workdir = Path(tempfile.mkdtemp(prefix=".build-", dir=path))
     try:
@@ -176,11 +187,11 @@ def _compile(cc: list[str], flags: tuple[str, ...], dfd: int, path: Path) -> byt
         try:
             _check_private(os.fstat(wfd), workdir, stat.S_IFDIR)
             env = {**os.environ, "TMPDIR": str(workdir)}
-            cmd = [*cc, *flags, "-o", str(workdir / "grn_cpu.so"), str(SOURCES[0]), "-lm"]
+            cmd = [*cc, *flags, "-o", str(workdir / f"{name}.so"), str(LIBRARIES[name][0]), "-lm"]
             done = _run(cmd, BUILD_TIMEOUT, cwd=workdir, env=env)
             if done.returncode:
                 raise OSError(f"{cc[0]} failed: {done.stderr.strip()[-500:]}")
-            fd, data = _read_private(wfd, "grn_cpu.so", workdir)
+            fd, data = _read_private(wfd, f"{name}.so", workdir)
             os.close(fd)
             return data
         finally:
@@ -189,13 +200,13 @@ def _compile(cc: list[str], flags: tuple[str, ...], dfd: int, path: Path) -> byt
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _publish(dfd: int, record: str, data: bytes) -> None:
+def _publish(dfd: int, record: str, data: bytes, name: str) -> None:
     """The library under its content hash (never replacing a file), then the record naming it (atomically)."""
     digest = hashlib.sha256(data).hexdigest()
-    tmp = f".grn_cpu-{os.getpid()}-{os.urandom(6).hex()}.tmp"
+    tmp = f".{name}-{os.getpid()}-{os.urandom(6).hex()}.tmp"
     _write_new(dfd, tmp, data, 0o500)
     try:
-        os.link(tmp, f"grn_cpu-{digest}.so", src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        os.link(tmp, f"{name}-{digest}.so", src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
     except FileExistsError:  # another process published the same bytes: it is verified when loaded
         pass
     finally:
@@ -206,24 +217,33 @@ def _publish(dfd: int, record: str, data: bytes) -> None:
         os.fsync(dfd)
 
 
-def _load_verified(dfd: int, path: Path, record: str) -> ctypes.CDLL:
+def _load_verified(dfd: int, path: Path, record: str, name: str) -> ctypes.CDLL:
     fd, text = _read_private(dfd, record, path)
     os.close(fd)
     digest = text.decode(errors="replace").strip()
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise OSError(f"{path / record} is not a sha256 record")
-    name = f"grn_cpu-{digest}.so"
-    fd, data = _read_private(dfd, name, path)
+    file = f"{name}-{digest}.so"
+    fd, data = _read_private(dfd, file, path)
     try:
         if hashlib.sha256(data).hexdigest() != digest:
-            raise Refused(f"refusing {path / name}: its sha256 is not the one recorded when it was built")
-        return ctypes.CDLL(_fd_path(fd, path / name))  # the verified descriptor's file, not the path again
-    finally:
+            raise Refused(f"refusing {path / file}: its sha256 is not the one recorded when it was built")
+        lib = ctypes.CDLL(_fd_path(fd, path / file))  # the verified descriptor's file, not the path again
+    except BaseException:
         os.close(fd)
+        raise
+    # the descriptor stays open while the process lives: the dynamic loader takes a name it has loaded before
+    # for the same library, so a closed and reused /proc/self/fd/N would load the earlier library again
+    # (the GRN library in place of the mHC one) instead of the file just verified
+    _KEPT_OPEN.append(fd)
+    return lib
 
 
-def load() -> ctypes.CDLL:
-    """The kernels, from the cache or built into it. Raises OSError (Refused for a cache that is not private)."""
+def load(name: str = DEFAULT) -> ctypes.CDLL:
+    """Library ``name`` of LIBRARIES, from the cache or built into it. Raises OSError (Refused for a cache that is
+    not private)."""
+    if name not in LIBRARIES:
+        raise ValueError(f"no kernel library {name!r} (there are {sorted(LIBRARIES)})")
     cc = compiler()
     target = native_target(cc)
     base = (*BASE_FLAGS, "-march=native") if target else BASE_FLAGS
@@ -231,19 +251,19 @@ def load() -> ctypes.CDLL:
     dfd = open_private_dir(path)
     try:
         for flags in ((*base, OPENMP_FLAG), base):  # without OpenMP (e.g. no libomp) the kernels run one thread
-            record = f"grn_cpu-{build_key(cc, flags, target)}.sha256"
+            record = f"{name}-{build_key(cc, flags, target, name)}.sha256"
             with contextlib.suppress(FileNotFoundError):
-                return _load_verified(dfd, path, record)
+                return _load_verified(dfd, path, record, name)
             try:
-                data = _compile(cc, flags, dfd, path)
+                data = _compile(cc, flags, dfd, path, name)
             except TimedOut:
                 raise
             except OSError:
                 if flags == base:
                     raise
                 continue
-            _publish(dfd, record, data)
-            return _load_verified(dfd, path, record)
+            _publish(dfd, record, data, name)
+            return _load_verified(dfd, path, record, name)
         raise AssertionError("unreachable")
     finally:
         os.close(dfd)

@@ -65,6 +65,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..kernels import mhc_kernel, mhc_ops
 from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
@@ -101,6 +102,14 @@ def sinkhorn_tokens_last(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
     if logits.numel() and logits.abs().amax() > MAX_EXP_LOGIT:
         return _sinkhorn_log(logits, iters)
     return _Normalisations.apply(logits.exp().contiguous(), iters)
+
+
+def gates_pytorch(logits: Tensor, n: int, iters: int = SINKHORN_ITERS) -> Tensor:
+    """[H_pre; H_post; H_res] (2n + n^2, tokens) of the logits (2n + n^2, tokens) in PyTorch: what the mHC
+    kernel (kernels/mhc_cpu.c) computes, and what it falls back to in the log domain."""
+    pre_post = torch.sigmoid(logits[: 2 * n])
+    res = sinkhorn_tokens_last(logits[2 * n :].view(n, n, -1), iters)
+    return torch.cat([pre_post[:n], 2.0 * pre_post[n:], res.flatten(0, 1)])
 
 
 def _sinkhorn_log(logits: Tensor, iters: int) -> Tensor:
@@ -204,17 +213,22 @@ class ManifoldHyperConnection(nn.Module):
     def coefficients(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input);
         views of the tokens-last coefficients the forward uses."""
-        pre, post, res = self._coefficients_tokens_last(streams)
+        pre, post, res, _ = self._coefficients_tokens_last(streams)
         return pre.t(), post.t(), res.permute(2, 0, 1)
 
-    def _coefficients_tokens_last(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _coefficients_tokens_last(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """H_pre (n, tokens), H_post (n, tokens), H_res (n, n, tokens): the coefficient maths runs tokens last
-        (the thin product's own layout), so that every operator covers contiguous rows of tokens."""
+        (the thin product's own layout), so that every operator covers contiguous rows of tokens. Also the
+        fused kernel's [H_pre; H_post; H_res] (2n + n^2, tokens) of which the three are views, or None."""
         n = self.rate
         acc = torch.promote_types(streams.dtype, torch.float32)
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(streams.device.type, enabled=False):
             v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
+            if not torch.is_grad_enabled() and self.residual == "sinkhorn":
+                decoded = self._coefficients_kernel(v)
+                if decoded is not None:
+                    return decoded
             # RMSNorm(v) phi = rsqrt(mean(v^2) + eps) * (v (gain phi)): the gain folded into phi (as the paper
             # does) and the scale applied to the n(2 + n) products, not to the nC inputs (two passes fewer
             # over the streams, forward and backward)
@@ -223,6 +237,11 @@ class ManifoldHyperConnection(nn.Module):
             # operators per sublayer otherwise)
             gates = self.gates.to(acc)[self.gate_index].unsqueeze(-1)
             logits = torch.addcmul(self.bias.to(acc).unsqueeze(-1), proj, gates)
+            if self.residual == "sinkhorn" and mhc_kernel.usable(logits, n, self.iters):
+                # sigmoids, exp and Sinkhorn per token in one fused kernel (kernels/mhc_cpu.c): 160 tiny
+                # operator calls per unit in PyTorch, forward and backward
+                out = mhc_ops.gates(logits, n, self.iters)
+                return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
             pre_post = torch.sigmoid(logits[: 2 * n])
             pre, post = pre_post[:n], 2.0 * pre_post[n:]
             res_logits = logits[2 * n :]
@@ -232,20 +251,39 @@ class ManifoldHyperConnection(nn.Module):
                 res = (perms @ res_logits.softmax(0)).view(n, n, -1)
             else:
                 res = sinkhorn_tokens_last(res_logits.view(n, n, -1), self.iters)
-        return pre, post, res
+        return pre, post, res, None
+
+    def _coefficients_kernel(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c; a decoding
+        step's dozen small operator calls cost more than their arithmetic), or None where it does not run."""
+        n, params = self.rate, (self.gain, self.phi, self.bias, self.gates)
+        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters):
+            return None
+        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps)
+        if not ok:  # the log domain: out holds the logits
+            out = gates_pytorch(out, n, self.iters)
+        return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
         *lead, n, dim = streams.shape
         flat = streams.reshape(-1, n, dim)
-        pre, post, res = self._coefficients_tokens_last(streams)
+        pre, post, res, coef = self._coefficients_tokens_last(streams)
         # the streams are the residual stream: under autocast they keep their dtype (float32, as the plugin's
         # residual stream does by promotion) instead of dropping to half at the first mix
         with torch.autocast(streams.device.type, enabled=False):
-            # H_pre x_l and H_res x_l in one small product per token; split (not slicing) so that backward
-            # joins the two gradients with one cat instead of zero-filling the (n + 1) x C block twice. The cat
-            # also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
-            mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
-            u, mixed = torch.bmm(mix, flat).split([1, n], 1)
+            if mhc_kernel.usable_mix(flat, n):
+                # H_pre x_l and H_res x_l per token in one pass over the streams (kernels/mhc_mix.c): a bmm of
+                # (n + 1, n) x (n, C) matrices spends its time per matrix, not in the arithmetic
+                if coef is None:  # mHC-lite, or the PyTorch gates
+                    coef = torch.cat([pre, post, res.flatten(0, 1)])
+                u, mixed = mhc_ops.mix(flat, coef, n)
+                u = u.unsqueeze(1)
+            else:
+                # H_pre x_l and H_res x_l in one small product per token; split (not slicing) so that backward
+                # joins the two gradients with one cat instead of zero-filling the (n + 1) x C block twice. The
+                # cat also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
+                mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
+                u, mixed = torch.bmm(mix, flat).split([1, n], 1)
         out = sublayer(u.view(*lead, dim)).reshape(-1, 1, dim).to(flat.dtype)
         with torch.autocast(streams.device.type, enabled=False):
             return post_add(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)

@@ -1,0 +1,74 @@
+/* The rest of a decoding step's mHC coefficients in one call, included by mhc_cpu.c (after mhc_mix.c).
+ *
+ * Without autograd, after the product raw = (gain phi)^T v^T (K, T) that the caller leaves to torch's matrix
+ * product (MKL; a blocked loop here was not faster: not worth its code), per token: scale =
+ * 1 / sqrt(mean(v^2) + eps), logits = b + (raw scale) a (a: a_pre, a_post, a_res per coefficient), then the gates
+ * of mhc_forward in place. In PyTorch that is eight operator calls per unit (mean square, rsqrt, product by
+ * the scale, the gates' gather, addcmul, ...), each a few microseconds for a decoding step's 80 tokens: the time
+ * is the calls. Same operations in the same order as modules/mhc.py (the mean square summed in another order:
+ * float32 rounding).
+ *
+ * Layout: v (T, N) token-major (the streams flattened, N = n C), raw (K, T), bias (K), gates (3); out (K, T):
+ * the logits, then (unless the log domain is needed) [H_pre; H_post; H_res] in place.
+ */
+
+enum { CO_N, CO_TOKENS, CO_WIDTH, CO_ITERS, CO_THREADS, CO_DIMS };
+enum { CO_V, CO_RAW, CO_BIAS, CO_GATES, CO_OUT, CO_BUFFERS };
+
+static int check_coef(const int64_t *dims, void *const *bufs, const int64_t *sizes, int64_t count) {
+    int64_t n = dims[CO_N], T = dims[CO_TOKENS], C = dims[CO_WIDTH];
+    const int ok[CO_DIMS] = {
+        [CO_N] = n >= 1 && n <= MAX_N,
+        [CO_TOKENS] = T >= 1 && T <= MAX_TOKENS,
+        [CO_WIDTH] = C >= 1 && C <= MAX_WIDTH,
+        [CO_ITERS] = dims[CO_ITERS] >= 1 && dims[CO_ITERS] <= MAX_ITERS,
+        [CO_THREADS] = dims[CO_THREADS] >= 1 && dims[CO_THREADS] <= MAX_THREADS,
+    };
+    for (int k = 0; k < CO_DIMS; k++)
+        if (!ok[k]) return MHC_BAD_DIM + k;
+    if (count != CO_BUFFERS) return MHC_BAD_BUFFER + CO_BUFFERS;
+    int64_t K = 2 * n + n * n, tnc;
+    if (__builtin_mul_overflow(T, n * C, &tnc) || tnc > INT64_MAX / 8) return MHC_BAD_BUFFER + CO_V;
+    const int64_t want[CO_BUFFERS] = {tnc, K * T, K, 3, K * T};
+    for (int k = 0; k < CO_BUFFERS; k++)
+        if (!bufs[k] || sizes[k] != want[k]) return MHC_BAD_BUFFER + k;
+    return MHC_OK;
+}
+
+/* the logits of tokens [t0, t1) into out (K, T) */
+static void coef_logits(const float *restrict v, const float *restrict raw, const float *restrict bias,
+                        const float *restrict gates, float *restrict out, int64_t T, int n, int64_t N, float eps,
+                        int64_t t0, int64_t t1) {
+    int K = 2 * n + n * n;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *vt = v + t * N;
+        float scale = 1.0f / sqrtf(dot(vt, vt, N) / (float)N + eps); /* in LANES partial sums (mhc_mix.c) */
+        for (int k = 0; k < K; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[k < n ? 0 : k < 2 * n ? 1 : 2];
+    }
+}
+
+/* out (K, T) = [H_pre; H_post; H_res] of the streams v and their products raw; MHC_LOG_DOMAIN (out then holds
+ * the logits) for logits the exp-then-divide iteration cannot take. dims: n, tokens, C, iters, threads; eps:
+ * the RMSNorm's. */
+int mhc_coefficients(const int64_t *dims, float eps, void *const *bufs, const int64_t *sizes, int64_t count) {
+    int err = check_coef(dims, bufs, sizes, count);
+    if (err) return err;
+    int n = (int)dims[CO_N], iters = (int)dims[CO_ITERS];
+    int64_t T = dims[CO_TOKENS], N = n * dims[CO_WIDTH];
+    float *out = bufs[CO_OUT];
+    int threads = threads_for(T, dims[CO_THREADS]);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t t0, t1;
+        token_range(T, THREAD_ID, THREAD_COUNT, &t0, &t1);
+        if (t0 < t1) coef_logits(bufs[CO_V], bufs[CO_RAW], bufs[CO_BIAS], bufs[CO_GATES], out, T, n, N, eps, t0, t1);
+    }
+    if (domain(out + 2 * n * T, n * n * T)) return MHC_LOG_DOMAIN;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t t0, t1;
+        token_range(T, THREAD_ID, THREAD_COUNT, &t0, &t1);
+        if (t0 < t1) forward_any(out, out, T, n, iters, t0, t1); /* in place: each value is read before written */
+    }
+    return MHC_OK;
+}

@@ -1,0 +1,269 @@
+"""The fused CPU mHC gate kernel (mhc_cpu.c): built on first use, loaded through ctypes, optional.
+
+mHC (modules/mhc.py) computes H_pre = sigmoid, H_post = 2 sigmoid and H_res = Sinkhorn(exp(.)) of its logits
+with this kernel for float32 logits on the CPU when it can be had and the inputs are ones it takes (``check``),
+and with its PyTorch code otherwise (float64, other devices, n > MAX_N streams, more than MAX_ITERS
+iterations, no tokens, no C compiler, a cache that is not private, ``FAIRSEQ_PLUGINS_MHC_KERNEL=0``). Both
+compute the same function (tests/test_mhc_kernel.py holds them to each other and to float64 maths).
+kernels/loader.py builds and verifies the library as it does the GRN kernels' (docs/kernels.md), as a library
+of its own; one that cannot be had is reported once as a warning and training goes on with the PyTorch code.
+
+The mixing (``mix_forward``: u = H_pre x and H_res x per token from the streams x and the coefficients, and
+``mix_backward``) runs in the same library for float32 streams (``check_mix``); mHC-lite uses it too.
+
+Without autograd (decoding) ``coefficients`` computes the whole coefficient maths of a unit (RMSNorm, the
+product with phi, gates and bias, then the gates above) in one call (kernels/mhc_coef.c).
+
+Logits the exp-then-divide iteration cannot take (|x| > 15, mhc.py's MAX_EXP_LOGIT) make the kernel return
+LOG_DOMAIN without writing anything; ``forward`` and ``backward`` then return None and the caller
+(kernels/mhc_ops.py) runs the PyTorch log-domain code.
+"""
+
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+from array import array
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from . import loader
+
+logger = logging.getLogger(__name__)
+
+ENV_SWITCH = "FAIRSEQ_PLUGINS_MHC_KERNEL"  # "0" turns the kernel off
+LIBRARY = "mhc_cpu"
+ABI_VERSION = 3  # mhc_abi_version() in mhc_cpu.c
+MAX_N = 8  # MAX_N, MAX_ITERS and MAX_TOKENS in mhc_cpu.c
+MAX_ITERS = 1000
+MAX_TOKENS = 1 << 36
+MAX_WIDTH = 1 << 24  # mhc_mix.c
+LOG_DOMAIN = 1  # MHC_LOG_DOMAIN
+DIMS = ("n", "tokens", "iters", "threads")
+FORWARD_BUFFERS = ("logits", "out")
+BACKWARD_BUFFERS = ("logits", "grad", "grad logits")
+MIX_DIMS = ("n", "tokens", "width", "threads")
+COEF_DIMS = ("n", "tokens", "width", "iters", "threads")
+COEF_BUFFERS = ("v", "raw", "bias", "gates", "out")
+MIX_FORWARD_BUFFERS = ("x", "coefficients", "u", "mixed")
+MIX_BACKWARD_BUFFERS = ("x", "coefficients", "grad u", "grad mixed", "grad x", "grad coefficients")
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None  # once loaded, never replaced: a backward uses the library its forward used
+_tried = False
+_enabled = os.environ.get(ENV_SWITCH, "1") != "0"
+failure: str | None = None  # why the kernel is not available, once loading was tried
+
+
+def _load() -> ctypes.CDLL:
+    lib = loader.load(LIBRARY)
+    lib.mhc_abi_version.argtypes, lib.mhc_abi_version.restype = [], ctypes.c_int
+    if lib.mhc_abi_version() != ABI_VERSION:
+        raise OSError(f"the mHC kernel's library has ABI {lib.mhc_abi_version()}, expected {ABI_VERSION}")
+    table = ctypes.c_void_p  # the address of an array("q") of dims, pointers or sizes
+    for fn in (lib.mhc_forward, lib.mhc_backward, lib.mhc_mix_forward, lib.mhc_mix_backward):
+        fn.argtypes, fn.restype = [table, table, table, ctypes.c_int64], ctypes.c_int
+    lib.mhc_coefficients.argtypes = [table, ctypes.c_float, table, table, ctypes.c_int64]
+    lib.mhc_coefficients.restype = ctypes.c_int
+    return lib
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The kernel's library, loaded (or built) on the first call whatever the switch says; None if it cannot
+    be had (``failure`` says why, and a warning said it once)."""
+    global _library, _tried, failure
+    if not _tried:
+        with _lock:
+            if not _tried:
+                try:
+                    _library = _load()
+                except (OSError, ValueError, AttributeError) as err:  # as grn_kernel.loaded
+                    failure = str(err)
+                    logger.warning("mHC kernel unavailable, using the PyTorch code (slower): %s", failure)
+                _tried = True
+    return _library
+
+
+@torch.compiler.assume_constant_result
+def _available_constant() -> bool:  # a constant to torch.compile: tracing does not step into the loader
+    return loaded() is not None
+
+
+def _available() -> bool:
+    if torch.compiler.is_compiling():
+        return _available_constant()
+    return (_library if _tried else loaded()) is not None
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Turn the kernel on or off inside the block (tests compare both paths)."""
+    global _enabled
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def check(logits: Tensor, n: int, iters: int) -> str | None:
+    """Why the kernel cannot take these inputs, or None if it can: logits (2n + n^2, tokens), a float32 strided
+    CPU tensor with 1 to MAX_TOKENS tokens, 1 <= n <= MAX_N, 1 <= iters <= MAX_ITERS."""
+    if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= MAX_N or not 1 <= iters <= MAX_ITERS:
+        return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {MAX_N} and 1 to {MAX_ITERS})"
+    if logits.dtype != torch.float32 or not logits.is_cpu or logits.layout != torch.strided:
+        return f"a {logits.dtype} {logits.layout} tensor on {logits.device} (the kernel takes float32 CPU tensors)"
+    if logits.dim() != 2 or logits.size(0) != 2 * n + n * n or not 1 <= logits.size(1) <= MAX_TOKENS:
+        return f"logits of shape {tuple(logits.shape)} for n = {n} (({2 * n + n * n}, 1 to {MAX_TOKENS} tokens))"
+    return None
+
+
+def usable(logits: Tensor, n: int, iters: int) -> bool:
+    """Whether the kernel is on, can be had, and takes these inputs (``check``)."""
+    return _enabled and check(logits, n, iters) is None and _available()
+
+
+def check_mix(x: Tensor, coef: Tensor | None, n: int) -> str | None:
+    """Why the mixing kernel cannot take these inputs, or None: x (tokens, n, C) and coef (2n + n^2, tokens),
+    float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (coef None: the
+    streams alone)."""
+    if not isinstance(n, int) or not 1 <= n <= MAX_N:
+        return f"n = {n!r} streams (the kernel takes 1 to {MAX_N})"
+    for t in (x, coef) if coef is not None else (x,):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    if x.dim() != 3 or x.size(1) != n or not 1 <= x.size(0) <= MAX_TOKENS or not 1 <= x.size(2) <= MAX_WIDTH:
+        return f"streams of shape {tuple(x.shape)} for n = {n} ((1 to {MAX_TOKENS}, n, 1 to {MAX_WIDTH}))"
+    if coef is not None and coef.shape != (2 * n + n * n, x.size(0)):
+        return f"coefficients of shape {tuple(coef.shape)} for {x.size(0)} tokens and n = {n}"
+    return None
+
+
+def usable_mix(x: Tensor, n: int) -> bool:
+    """Whether the mixing kernel is on, can be had, and takes streams x (tokens, n, C) (the coefficients come
+    from mhc.py itself: float32 (K, tokens))."""
+    return _enabled and check_mix(x, None, n) is None and _available()
+
+
+def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None, extra=()) -> bool:
+    """Call a kernel on contiguous float32 buffers with dims (n, tokens, second, threads), tokens from the
+    first buffer's second dimension unless dims are given; False if it asks for the log domain."""
+    dims = array("q", [*(dims or (n, buffers[0].size(1), second)), torch.get_num_threads()])
+    ptrs = array("q", [t.data_ptr() for t in buffers])
+    sizes = array("q", [t.numel() for t in buffers])
+    status = fn(dims.buffer_info()[0], *extra, ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
+    if status == LOG_DOMAIN:
+        return False
+    if status == -1:
+        raise MemoryError("the mHC kernel could not allocate its working memory")
+    if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
+        dim_names = {"x": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
+        what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
+        raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
+    return True
+
+
+def _library_or_raise() -> ctypes.CDLL:
+    lib = loaded()
+    if lib is None:
+        raise RuntimeError(f"the mHC kernel is unavailable: {failure}")
+    return lib
+
+
+def forward(logits: Tensor, n: int, iters: int, checked: bool = False) -> Tensor | None:
+    """[H_pre; H_post; H_res] (2n + n^2, tokens) of logits (2n + n^2, tokens), H_res's n x n entries row-major;
+    None for logits that need the log domain. Raises ValueError for inputs the kernel does not take (``check``;
+    checked: the caller just ran it)."""
+    reason = None if checked else check(logits, n, iters)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    logits = logits.contiguous()
+    out = torch.empty_like(logits)
+    return out if _call(_library_or_raise().mhc_forward, n, iters, [logits, out], FORWARD_BUFFERS) else None
+
+
+def backward(logits: Tensor, grad: Tensor, n: int, iters: int) -> Tensor | None:
+    """The gradient of forward(logits) for grad of its output (same shape); None for logits that need the log
+    domain. Uses the library the forward used, whatever the switch says now."""
+    reason = check(logits, n, iters)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    if grad.shape != logits.shape:
+        raise ValueError(f"a gradient of shape {tuple(grad.shape)} for logits of shape {tuple(logits.shape)}")
+    logits, grad = logits.contiguous(), grad.to(torch.float32).contiguous()
+    grad_logits = torch.empty_like(logits)
+    ok = _call(_library_or_raise().mhc_backward, n, iters, [logits, grad, grad_logits], BACKWARD_BUFFERS)
+    return grad_logits if ok else None
+
+
+def mix_forward(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """u = H_pre x (tokens, C) and mixed = H_res x (tokens, n, C) of the streams x (tokens, n, C) and the
+    coefficients coef (2n + n^2, tokens) = [H_pre; H_post; H_res] (H_post unused)."""
+    reason = check_mix(x, coef, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    x, coef = x.contiguous(), coef.contiguous()
+    u, mixed = x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
+    _call(_library_or_raise().mhc_mix_forward, n, 0, [x, coef, u, mixed], MIX_FORWARD_BUFFERS,
+          dims=(n, x.size(0), x.size(2)))  # fmt: skip
+    return u, mixed
+
+
+def mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(grad_x, grad_coef) of mix_forward for grad_u and grad_mixed; grad_coef's H_post rows are zero."""
+    reason = check_mix(x, coef, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    if grad_u.shape != (x.size(0), x.size(2)) or grad_mixed.shape != x.shape:
+        raise ValueError(f"gradients of shapes {tuple(grad_u.shape)} and {tuple(grad_mixed.shape)} for streams "
+                         f"of shape {tuple(x.shape)}")  # fmt: skip
+    x, coef = x.contiguous(), coef.contiguous()
+    grad_u, grad_mixed = grad_u.to(torch.float32).contiguous(), grad_mixed.to(torch.float32).contiguous()
+    grad_x, grad_coef = torch.empty_like(x), torch.empty_like(coef)
+    _call(_library_or_raise().mhc_mix_backward, n, 0, [x, coef, grad_u, grad_mixed, grad_x, grad_coef],
+          MIX_BACKWARD_BUFFERS, dims=(n, x.size(0), x.size(2)))  # fmt: skip
+    return grad_x, grad_coef
+
+
+def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
+                       iters: int) -> str | None:  # fmt: skip
+    """Why ``coefficients`` cannot take these inputs, or None: v (tokens, n C), gain (n C), phi (n C, K),
+    bias (K), gates (3) with K = 2n + n^2, float32 strided CPU tensors, and n, iters, tokens and C in range."""
+    if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= MAX_N or not 1 <= iters <= MAX_ITERS:
+        return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {MAX_N} and 1 to {MAX_ITERS})"
+    for t in (v, gain, phi, bias, gates):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    k = 2 * n + n * n
+    if v.dim() != 2 or not 1 <= v.size(0) <= MAX_TOKENS or v.size(1) % n or not 1 <= v.size(1) // n <= MAX_WIDTH:
+        return f"streams of shape {tuple(v.shape)} for n = {n} ((1 to {MAX_TOKENS}, n C))"
+    if gain.shape != (v.size(1),) or phi.shape != (v.size(1), k) or bias.shape != (k,) or gates.shape != (3,):
+        return (f"parameters of shapes {[tuple(t.shape) for t in (gain, phi, bias, gates)]} for n C = {v.size(1)} "
+                f"and K = {k}")  # fmt: skip
+    return None
+
+
+def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
+                 eps: float) -> tuple[Tensor, bool]:  # fmt: skip
+    """Without autograd: (out, True) with out = [H_pre; H_post; H_res] (2n + n^2, tokens) of the streams v
+    (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain. The product
+    with gain phi is torch's (MKL), the rest one kernel call."""
+    reason = check_coefficients(v, gain, phi, bias, gates, n, iters)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    v = v.detach().contiguous()
+    raw = torch.mm((phi.detach() * gain.detach().unsqueeze(-1)).t(), v.t())  # (K, tokens), contiguous
+    buffers = [v, raw, bias.detach().contiguous(), gates.detach().contiguous()]
+    out = v.new_empty(2 * n + n * n, v.size(0))
+    ok = _call(_library_or_raise().mhc_coefficients, n, 0, [*buffers, out], COEF_BUFFERS,
+               dims=(n, v.size(0), v.size(1) // n, iters), extra=(eps,))  # fmt: skip
+    return out, ok
+
+
+def usable_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
+                        iters: int) -> bool:  # fmt: skip
+    """Whether the kernel is on, can be had, and ``coefficients`` takes these inputs."""
+    return _enabled and check_coefficients(v, gain, phi, bias, gates, n, iters) is None and _available()
