@@ -2,7 +2,7 @@
  * UndefinedBehaviorSanitizer: a sweep of well-formed shapes through forward and backward (every buffer
  * allocated to its exact size, so one float too far is a report), then malformed calls (a buffer one float
  * short, bad dimensions, missing or extra buffers, sizes that overflow), each of which must return an error
- * code without touching memory. tests/test_grn_kernel_sanitizer.py builds and runs it.
+ * code without touching memory. tests/test_kernel_sanitizers.py builds and runs it.
  * Prints "ok <calls>" and exits 0, or names the first failing call and exits 1. */
 #include "grn_cpu.c"
 

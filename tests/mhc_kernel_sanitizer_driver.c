@@ -1,5 +1,5 @@
 /* Runs the mHC kernels (fairseq_plugins/kernels/mhc_cpu.c and mhc_mix.c) under AddressSanitizer and
- * UndefinedBehaviorSanitizer (tests/test_mhc_kernel_sanitizer.py builds it): every entry point over a sweep of
+ * UndefinedBehaviorSanitizer (tests/test_kernel_sanitizers.py builds it): every entry point over a sweep of
  * well-formed shapes (exact-size heap buffers, so any read or write past them is reported; 1 and 2 threads),
  * then malformed calls that must return their error codes without touching memory. Prints "ok <calls>". */
 #include "mhc_cpu.c"
