@@ -15,18 +15,17 @@ work either way); without autograd (decoding) ``forward`` is called directly. Th
 about 0.05 ms a call without autograd and 0.2 ms with it, more than the kernels save on a decoding step.
 """
 
-import contextlib
 import ctypes
 import logging
 import os
+import sys
 import threading
 from array import array
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-from . import loader
+from . import loader, switch
 
 logger = logging.getLogger(__name__)
 
@@ -85,26 +84,9 @@ def library() -> ctypes.CDLL | None:
     return loaded() if _enabled else None
 
 
-@torch.compiler.assume_constant_result
-def _available_constant() -> bool:  # a constant to torch.compile: tracing does not step into the loader
-    return loaded() is not None
-
-
-def _available() -> bool:
-    if torch.compiler.is_compiling():
-        return _available_constant()
-    return (_library if _tried else loaded()) is not None
-
-
-@contextlib.contextmanager
-def enabled(on: bool) -> Iterator[None]:
-    """Turn the kernels on or off inside the block (tests compare both paths)."""
-    global _enabled
-    before, _enabled = _enabled, on
-    try:
-        yield
-    finally:
-        _enabled = before
+# the availability check torch.compile can trace and the on/off switch, shared with the other kernel modules
+_available = switch.availability(sys.modules[__name__])
+enabled = switch.switch(sys.modules[__name__])
 
 
 def check(chunks: list[Tensor], b: Tensor, w: Tensor | None = None, norm_weight: Tensor | None = None,
