@@ -19,18 +19,17 @@ LOG_DOMAIN without writing anything; ``forward`` and ``backward`` then return No
 (kernels/mhc_ops.py) runs the PyTorch log-domain code.
 """
 
-import contextlib
 import ctypes
 import logging
 import os
+import sys
 import threading
 from array import array
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-from . import loader
+from . import loader, switch
 
 logger = logging.getLogger(__name__)
 
@@ -87,26 +86,9 @@ def loaded() -> ctypes.CDLL | None:
     return _library
 
 
-@torch.compiler.assume_constant_result
-def _available_constant() -> bool:  # a constant to torch.compile: tracing does not step into the loader
-    return loaded() is not None
-
-
-def _available() -> bool:
-    if torch.compiler.is_compiling():
-        return _available_constant()
-    return (_library if _tried else loaded()) is not None
-
-
-@contextlib.contextmanager
-def enabled(on: bool) -> Iterator[None]:
-    """Turn the kernel on or off inside the block (tests compare both paths)."""
-    global _enabled
-    before, _enabled = _enabled, on
-    try:
-        yield
-    finally:
-        _enabled = before
+# the availability check torch.compile can trace and the on/off switch, shared with the other kernel modules
+_available = switch.availability(sys.modules[__name__])
+enabled = switch.switch(sys.modules[__name__])
 
 
 def check(logits: Tensor, n: int, iters: int) -> str | None:
