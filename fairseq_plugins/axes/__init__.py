@@ -13,6 +13,10 @@ composed model (models/axes_transformer.py) calls at fixed points of the build:
     choice.check(args)           validate its options on the built model's args, naming the option
     ...axis-specific hooks, documented in each axis module...
 
+A choice's own options are declared in ``options``, a tuple of ``Option`` (name, check and its bounds, default,
+help naming the source); the three methods above serve them, and a choice overrides a method only for what an
+option cannot say (a default that depends on the choice, a check across options).
+
 Adding an idea = one module with its nn.Modules (in ``fairseq_plugins/modules/``) + one Choice subclass in
 the axis file + one entry in that axis's table. Two choices that cannot run together are refused by
 ``check_compatible`` when the model is built, with one error that names both choices and the reason: each
@@ -26,9 +30,40 @@ unless a rule below says how they compose. The parts:
                or an aggregation choice whose layers read their inputs differently (DCA, hyper-connections).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..validation import PluginOptionError
+from ..validation import PluginOptionError, argparse_type
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a choice, ``--name`` on the command line and ``args.name`` after parsing.
+
+    ``check`` is a ``validation.check_*`` function, called as ``check(name, value, *bounds)`` both as the
+    argparse type and on the built model's args. ``default`` None: no default is filled (the choice fills it,
+    or the option stays unset), and an unset option is not checked. ``const`` not None: the flag alone
+    (``nargs="?"``) means ``const``.
+    """
+
+    name: str
+    check: Callable
+    bounds: tuple
+    default: object
+    metavar: str
+    help: str
+    const: object = None
+
+    def add(self, parser) -> None:
+        flag = "--" + self.name.replace("_", "-")
+        extra = {} if self.const is None else {"nargs": "?", "const": self.const}
+        parser.add_argument(flag, type=argparse_type(self.check, self.name, *self.bounds), **extra,
+                            metavar=self.metavar, help=self.help)  # fmt: skip
+
+    def validate(self, args) -> None:
+        value = getattr(args, self.name, None)
+        if value is not None or self.default is not None:
+            setattr(args, self.name, self.check(self.name, value, *self.bounds))
 
 
 class Choice:
@@ -38,18 +73,28 @@ class Choice:
     name: str = ""  # its value on the command line
     source: str = ""  # the paper (and code) it follows
     owns: frozenset = frozenset()  # the parts of the model it owns (module docstring)
+    options: tuple[Option, ...] = ()  # its own options
 
     @classmethod
     def add_args(cls, parser) -> None:
-        """Add this choice's own options (none by default)."""
+        """Add this choice's own options."""
+        for option in cls.options:
+            option.add(parser)
 
     @classmethod
     def defaults(cls, args) -> None:
         """Fill this choice's options where neither a preset nor the command line set them."""
+        set_defaults(args, {o.name: o.default for o in cls.options if o.default is not None})
 
     @classmethod
     def check(cls, args) -> None:
         """Validate this choice's options (after defaults), raising PluginOptionError naming the option."""
+        cls.check_options(args)
+
+    @classmethod
+    def check_options(cls, args) -> None:
+        for option in cls.options:
+            option.validate(args)
 
     @classmethod
     def label(cls) -> str:

@@ -16,8 +16,10 @@ A stream-carry interface for the next ideas (mHC, frac-connections, AttnRes, MUD
 """
 
 from ..models.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
-from ..validation import PluginOptionError, argparse_type, check_choice, check_int
-from . import Choice, set_defaults
+from ..modules.depth_aggregation import DLCL_INITS
+from ..modules.depth_stack import DCA_MODES
+from ..validation import PluginOptionError, check_choice, check_int
+from . import Choice, Option, set_defaults
 
 
 def check_position_indexed(args, who: str) -> None:
@@ -50,6 +52,7 @@ class Aggregation(Choice):
     @classmethod
     def check(cls, args) -> None:
         check_position_indexed(args, cls.who())
+        cls.check_options(args)
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -95,28 +98,22 @@ class DCA(Aggregation):
     name, source, family = "dca", "DeepCrossAttention (arXiv:2502.06785)", "dca_transformer"
     owns, own_layers = frozenset({"stream", "layer"}), True
     default_k = 0
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        from ..modules.depth_stack import DCA_MODES
-
-        parser.add_argument(
-            "--dca-mode", type=argparse_type(check_choice, "dca_mode", tuple(DCA_MODES)), metavar="MODE",
-            help="how a layer reads the stack of earlier outputs: dca (default; three GRN-v3 give the "
-            "self-attention's queries, keys and values, paper section 3.2) or grn-v1 | grn-v2 | grn-v3 (one "
-            "GRN of that version gives the layer's input; the ablation of paper table 7)",
-        )  # fmt: skip
-        parser.add_argument(
-            "--dca-k", type=argparse_type(check_int, "dca_k", 0, MAX_DCA_K), metavar="K",
-            help="k-DCA: the stack holds the embedding, the sum of the middle outputs and the last K outputs, "
-            "so cost stays flat with depth (paper section 3.1). 0 keeps every output (default of --depth-"
-            "aggregation dca; dca-k defaults to 2, the paper's example); 0 <= K <= the number of layers of the "
-            "deeper side",
-        )  # fmt: skip
+    options = (
+        Option("dca_mode", check_choice, (tuple(DCA_MODES),), "dca", "MODE",
+               "how a layer reads the stack of earlier outputs: dca (default; three GRN-v3 give the "
+               "self-attention's queries, keys and values, paper section 3.2) or grn-v1 | grn-v2 | grn-v3 (one "
+               "GRN of that version gives the layer's input; the ablation of paper table 7)"),
+        Option("dca_k", check_int, (0, MAX_DCA_K), None, "K",  # default: default_k, by the choice
+               "k-DCA: the stack holds the embedding, the sum of the middle outputs and the last K outputs, "
+               "so cost stays flat with depth (paper section 3.1). 0 keeps every output (default of --depth-"
+               "aggregation dca; dca-k defaults to 2, the paper's example); 0 <= K <= the number of layers of the "
+               "deeper side"),
+    )  # fmt: skip
 
     @classmethod
     def defaults(cls, args) -> None:
-        set_defaults(args, {"dca_mode": "dca", "dca_k": cls.default_k})
+        super().defaults(args)
+        set_defaults(args, {"dca_k": cls.default_k})
 
     @classmethod
     def conflict(cls, other) -> str | None:
@@ -151,29 +148,14 @@ MAX_PERIOD = 10_000  # k or p beyond a stack's depth is allowed and degenerate (
 class DenseFormer(Aggregation):
     name, source, family = "denseformer", "DenseFormer (arXiv:2402.02622)", "denseformer_transformer"
     owns = frozenset({"stream"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--denseformer-dilation", type=argparse_type(check_int, "denseformer_dilation", 1, MAX_PERIOD),
-            metavar="K", help="dilation k: DWA i averages X_j for j = i mod k (paper section 3.3); "
-            "1 (default) averages every earlier output; 1 <= K <= 10000",
-        )  # fmt: skip
-        parser.add_argument(
-            "--denseformer-period", type=argparse_type(check_int, "denseformer_period", 1, MAX_PERIOD),
-            metavar="P", help="period p: a DWA follows only the blocks i with i mod p = 0 (section 3.3); "
-            "1 (default) after every block; 1 <= P <= 10000",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"denseformer_dilation": 1, "denseformer_period": 1})
-
-    @classmethod
-    def check(cls, args) -> None:
-        super().check(args)
-        for name in ("denseformer_dilation", "denseformer_period"):
-            setattr(args, name, check_int(name, getattr(args, name), 1, MAX_PERIOD))
+    options = (
+        Option("denseformer_dilation", check_int, (1, MAX_PERIOD), 1, "K",
+               "dilation k: DWA i averages X_j for j = i mod k (paper section 3.3); "
+               "1 (default) averages every earlier output; 1 <= K <= 10000"),
+        Option("denseformer_period", check_int, (1, MAX_PERIOD), 1, "P",
+               "period p: a DWA follows only the blocks i with i mod p = 0 (section 3.3); "
+               "1 (default) after every block; 1 <= P <= 10000"),
+    )  # fmt: skip
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -192,27 +174,11 @@ class DenseFormer(Aggregation):
 class DLCL(Aggregation):
     name, source, family = "dlcl", "DLCL (Wang et al., ACL 2019)", "dlcl_transformer"
     owns = frozenset({"stream"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        from ..modules.depth_aggregation import DLCL_INITS
-
-        parser.add_argument(
-            "--dlcl-init", type=argparse_type(check_choice, "dlcl_init", DLCL_INITS), metavar="INIT",
-            help="initial weights W of the lower triangle: avg (default, the authors' choice: row l = "
-            "1/(l+1), each layer starts from the average of the earlier outputs) or one (all 1)",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"dlcl_init": "avg"})
-
-    @classmethod
-    def check(cls, args) -> None:
-        from ..modules.depth_aggregation import DLCL_INITS
-
-        super().check(args)
-        args.dlcl_init = check_choice("dlcl_init", args.dlcl_init, DLCL_INITS)
+    options = (
+        Option("dlcl_init", check_choice, (DLCL_INITS,), "avg", "INIT",
+               "initial weights W of the lower triangle: avg (default, the authors' choice: row l = "
+               "1/(l+1), each layer starts from the average of the earlier outputs) or one (all 1)"),
+    )  # fmt: skip
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:

@@ -32,12 +32,11 @@ from ..modules import admin, normformer
 from ..modules import residual_wiring as rw
 from ..validation import (
     PluginOptionError,
-    argparse_type,
     check_bool,
     check_choice,
     check_float,
 )
-from . import Choice, set_defaults
+from . import Choice, Option, set_defaults
 
 
 def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
@@ -59,10 +58,12 @@ class Residual(Choice):
 
     @classmethod
     def defaults(cls, args) -> None:
+        super().defaults(args)
         set_defaults(args, {"encoder_normalize_before": cls.pre_ln, "decoder_normalize_before": cls.pre_ln})
 
     @classmethod
     def check(cls, args) -> None:
+        cls.check_options(args)
         require_layer_norm_position(args, cls.who(), cls.pre_ln)
 
     @classmethod
@@ -106,25 +107,16 @@ class Post(Residual):
 class ResiDual(Residual):
     name, source, pre_ln, family = "resi-dual", "ResiDual (arXiv:2304.14802)", False, "residual_transformer"
     owns = frozenset({"stream", "layer"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--dual-residual-scale", type=argparse_type(check_float, "dual_residual_scale", 0.0, 1.0, True),
-            metavar="S",
-            help="scale s of the dual residual stream, 0 < s <= 1 (default 1). The output is unchanged "
-            "(LN(s*x) = LN(x)); s < 1 keeps the stream inside the FP16 range in deep models "
-            "(ResiDual appendix H.3; the authors used 0.05 for fp16 OPUS-100)",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"dual_residual_scale": 1.0})
-        super().defaults(args)
+    options = (
+        Option("dual_residual_scale", check_float, (0.0, 1.0, True), 1.0, "S",
+               "scale s of the dual residual stream, 0 < s <= 1 (default 1). The output is unchanged "
+               "(LN(s*x) = LN(x)); s < 1 keeps the stream inside the FP16 range in deep models "
+               "(ResiDual appendix H.3; the authors used 0.05 for fp16 OPUS-100)"),
+    )  # fmt: skip
 
     @classmethod
     def check(cls, args) -> None:
-        args.dual_residual_scale = check_float("dual_residual_scale", args.dual_residual_scale, 0.0, 1.0, True)
+        cls.check_options(args)
         for side in ("encoder", "decoder"):
             if getattr(args, f"{side}_normalize_before", False):
                 raise PluginOptionError(
@@ -147,25 +139,16 @@ DEEPNET_INITS = ("paper", "torchscale")
 class DeepNet(Residual):
     name, source, pre_ln, family = "deepnet", "DeepNet (arXiv:2203.00555)", False, "deepnet_transformer"
     owns = frozenset({"layer"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--deepnet-init", type=argparse_type(check_choice, "deepnet_init", DEEPNET_INITS), metavar="INIT",
-            help="paper (default, the paper's figure 2 pseudocode): xavier_normal with gain beta for fc1/fc2/v/out "
-            "and 1 for q/k; torchscale (the authors' torchscale code): PyTorch-default Linear weights and biases, "
-            "fc1/fc2/v/out weights and biases divided by torchscale's init_scale (encoder beta 1.32x the paper's); "
-            "one of paper, torchscale",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"deepnet_init": "paper"})
-        super().defaults(args)
+    options = (
+        Option("deepnet_init", check_choice, (DEEPNET_INITS,), "paper", "INIT",
+               "paper (default, the paper's figure 2 pseudocode): xavier_normal with gain beta for fc1/fc2/v/out "
+               "and 1 for q/k; torchscale (the authors' torchscale code): PyTorch-default Linear weights and biases, "
+               "fc1/fc2/v/out weights and biases divided by torchscale's init_scale (encoder beta 1.32x the "
+               "paper's); one of paper, torchscale"),
+    )  # fmt: skip
 
     @classmethod
     def check(cls, args) -> None:
-        args.deepnet_init = check_choice("deepnet_init", args.deepnet_init, DEEPNET_INITS)
         super().check(args)
         for side in ("encoder", "decoder"):
             # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
@@ -207,25 +190,15 @@ TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
 class TFixup(Residual):
     name, source, pre_ln, family = "tfixup", "T-Fixup (Huang et al., ICML 2020)", False, "tfixup_transformer"
     owns = frozenset({"layer"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--tfixup-decoder-depth", type=argparse_type(check_choice, "tfixup_decoder_depth", TFIXUP_DECODER_DEPTHS),
-            metavar="STACK",
-            help="the N of the decoder's (9N)^(-1/4): decoder (default: its own depth M, as the paper's "
-            "derivation over the decoder's layers and the authors' code) or encoder (the encoder depth N, this "
-            "plugin's default until issue 26); one of encoder, decoder",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"tfixup_decoder_depth": "decoder"})
-        super().defaults(args)
+    options = (
+        Option("tfixup_decoder_depth", check_choice, (TFIXUP_DECODER_DEPTHS,), "decoder", "STACK",
+               "the N of the decoder's (9N)^(-1/4): decoder (default: its own depth M, as the paper's "
+               "derivation over the decoder's layers and the authors' code) or encoder (the encoder depth N, this "
+               "plugin's default until issue 26); one of encoder, decoder"),
+    )  # fmt: skip
 
     @classmethod
     def check(cls, args) -> None:
-        args.tfixup_decoder_depth = check_choice("tfixup_decoder_depth", args.tfixup_decoder_depth, TFIXUP_DECODER_DEPTHS)
         super().check(args)
         if getattr(args, "layernorm_embedding", False):
             raise PluginOptionError(f"--layernorm-embedding cannot be used with {cls.who()}: T-Fixup has no LayerNorm")
@@ -262,24 +235,11 @@ B2T_INITS = ("rescaled", "default")
 class B2T(Residual):
     name, source, pre_ln, family = "b2t", "B2T connection (Takase et al., Findings of ACL 2023)", False, "b2t_transformer"
     owns, torchscript = frozenset({"layer"}), False
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--b2t-init", type=argparse_type(check_choice, "b2t_init", B2T_INITS), metavar="INIT",
-            help="rescaled (default, the authors' code): every non-LayerNorm weight of a layer times L^(-1/2), "
-            "L its stack's depth; default: fairseq's init",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"b2t_init": "rescaled"})
-        super().defaults(args)
-
-    @classmethod
-    def check(cls, args) -> None:
-        args.b2t_init = check_choice("b2t_init", args.b2t_init, B2T_INITS)
-        super().check(args)
+    options = (
+        Option("b2t_init", check_choice, (B2T_INITS,), "rescaled", "INIT",
+               "rescaled (default, the authors' code): every non-LayerNorm weight of a layer times L^(-1/2), "
+               "L its stack's depth; default: fairseq's init"),
+    )  # fmt: skip
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -309,32 +269,13 @@ NORMFORMER_HELP = {
 class NormFormer(Residual):
     name, source, family = "normformer", "NormFormer (arXiv:2110.09456)", "normformer_transformer"
     owns = frozenset({"layer"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--normformer-impl", type=argparse_type(check_choice, "normformer_impl", normformer.IMPLEMENTATIONS),
-            metavar="IMPL",
-            help="paper (default): NormFormer in encoder and decoder, head scale before W_O; fairseq: fairseq's "
-            "own decoder-only code (head scale after W_O), plain Pre-LN encoder",
-        )  # fmt: skip
-        for flag in normformer.FLAGS:
-            parser.add_argument(
-                "--" + flag.replace("_", "-"), type=argparse_type(check_bool, flag), nargs="?", const=True,
-                metavar="BOOL", help=NORMFORMER_HELP[flag] + "; the flag alone means true",
-            )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"normformer_impl": "paper", **NORMFORMER_DEFAULTS})
-        super().defaults(args)
-
-    @classmethod
-    def check(cls, args) -> None:
-        args.normformer_impl = check_choice("normformer_impl", args.normformer_impl, normformer.IMPLEMENTATIONS)
-        for flag in normformer.FLAGS:
-            setattr(args, flag, check_bool(flag, getattr(args, flag)))
-        super().check(args)
+    options = (
+        Option("normformer_impl", check_choice, (normformer.IMPLEMENTATIONS,), "paper", "IMPL",
+               "paper (default): NormFormer in encoder and decoder, head scale before W_O; fairseq: fairseq's "
+               "own decoder-only code (head scale after W_O), plain Pre-LN encoder"),
+        *(Option(flag, check_bool, (), NORMFORMER_DEFAULTS[flag], "BOOL",
+                 NORMFORMER_HELP[flag] + "; the flag alone means true", const=True) for flag in normformer.FLAGS),
+    )  # fmt: skip
 
     @classmethod
     def scriptable(cls, args) -> bool:

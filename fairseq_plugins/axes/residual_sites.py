@@ -21,8 +21,8 @@ from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import PluginOptionError, argparse_type, check_float
-from . import set_defaults
+from ..validation import PluginOptionError, check_float
+from . import Option
 from .residual import Residual
 
 
@@ -49,20 +49,11 @@ class _SiteUpdate(Residual):
 
 class LayerScaleChoice(_SiteUpdate):
     name, source = "layerscale", "LayerScale (CaiT, Touvron et al. 2021, arXiv:2103.17239, section 2)"
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--layerscale-init", type=argparse_type(check_float, "layerscale_init", 0.0, 1.0), metavar="EPS",
-            help="LayerScale's initial lambda, 0 <= eps <= 1 (default: CaiT section 2's rule per stack depth L: "
-            "0.1 for L <= 18, 1e-5 for L <= 24, 1e-6 deeper)",
-        )  # fmt: skip
-
-    @classmethod
-    def check(cls, args) -> None:
-        if getattr(args, "layerscale_init", None) is not None:
-            args.layerscale_init = check_float("layerscale_init", args.layerscale_init, 0.0, 1.0)
-        super().check(args)
+    options = (
+        Option("layerscale_init", check_float, (0.0, 1.0), None, "EPS",  # unset: CaiT's rule, by depth
+               "LayerScale's initial lambda, 0 <= eps <= 1 (default: CaiT section 2's rule per stack depth L: "
+               "0.1 for L <= 18, 1e-5 for L <= 24, 1e-6 deeper)"),
+    )  # fmt: skip
 
     @classmethod
     def update(cls, embed_dim, depth, args):
@@ -98,23 +89,14 @@ class Peri(_SiteUpdate):
 class Mix(Residual):
     name, source = "mix", "Mix-LN (Li et al. 2024, arXiv:2412.13795; alpha 0.25 as the authors' scripts)"
     owns = frozenset({"layer"})
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument(
-            "--mix-ln-alpha", type=argparse_type(check_float, "mix_ln_alpha", 0.0, 1.0), metavar="A",
-            help="Mix-LN: the first floor(A L) layers of each stack are Post-LN, the rest Pre-LN, 0 <= A <= 1 "
-            "(default 0.25, the authors' POST_NUM 3 of 12)",
-        )  # fmt: skip
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"mix_ln_alpha": 0.25})
-        super().defaults(args)
+    options = (
+        Option("mix_ln_alpha", check_float, (0.0, 1.0), 0.25, "A",
+               "Mix-LN: the first floor(A L) layers of each stack are Post-LN, the rest Pre-LN, 0 <= A <= 1 "
+               "(default 0.25, the authors' POST_NUM 3 of 12)"),
+    )  # fmt: skip
 
     @classmethod
     def check(cls, args) -> None:
-        args.mix_ln_alpha = check_float("mix_ln_alpha", args.mix_ln_alpha, 0.0, 1.0)
         super().check(args)
         for side in ("encoder", "decoder"):
             # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them

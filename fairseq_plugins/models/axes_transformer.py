@@ -79,8 +79,9 @@ def add_axis_args(parser) -> None:
     added = set()  # variants share their parent's options (the LAuReL and HC variants, dca-k): add them once
     for table in axes.tables().values():
         for choice in table.values():
-            if choice.add_args.__func__ not in added:
-                added.add(choice.add_args.__func__)
+            key = (choice.add_args.__func__, tuple(option.name for option in choice.options))
+            if key not in added:
+                added.add(key)
                 choice.add_args(parser)
     value_residual.add_args(parser)
     parser.add_argument(
