@@ -15,9 +15,10 @@ import study_plots
 import study_stats
 from study_common import write_json
 from study_report_common import (
+    Metric,
+    Score,
     _ci_text,
     _envelope,
-    _share,
     _shown,
     _trend_text,
     add_first_valid_loss,
@@ -25,12 +26,11 @@ from study_report_common import (
     comparison_sections,
     comparisons_of,
     heading,
-    minutes_text,
     pair_comparisons,
     paired_groups,
     partial,
-    reach_text,
     results_record,
+    results_table,
     run_context,
     runs_and_choices,
 )
@@ -78,22 +78,9 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     return {**context, "rows": rows}
 
 
-def _p_text(p_values) -> str:
-    if p_values is None:
-        return "baseline"
-    found = [p for p in p_values if p is not None]
-    return f"{max(p['ppl_p'] for p in found):.3f}" if found else "-"
-
-
-def _comparison_table(entries: list[dict], first: str, margin: float) -> list[str]:
-    lines = [f"| {first} | seed | Δppl | 95% CI | p | Δ log-lik/token (nats) | 95% CI | level (±{margin:g} ppl) |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for e in entries:
-        level = "yes" if study_stats.within([e], margin, "ppl") else "no"
-        ll = f"[{e['ll_ci'][0]:+.4f}, {e['ll_ci'][1]:+.4f}]"
-        lines.append(f"| {e['label']} | {e['seed']} | {e['ppl_diff']:+.2f} | {_ci_text(e['ppl_ci'])} | {e['ppl_p']:.3f} | "
-                     f"{e['ll_diff']:+.4f} | {ll} | {level} |")  # fmt: skip
-    return lines
+SCORE = Score(columns=(("valid ppl", "valid_ppl"), ("test ppl", "test_ppl")), p_header="test ppl",
+              metrics=(Metric("Δppl", "ppl"), Metric("Δ log-lik/token (nats)", "ll", digits=4, p=False)),
+              unit="ppl")  # fmt: skip
 
 
 def markdown(rows: list[dict], choices: dict, context: dict) -> str:
@@ -104,18 +91,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
          f"{context['sentences']} sentences.")
         + (f" **{context['skipped']} valid/test sentence(s) longer than the model's positions (--tokens-per-sample) "
            "were skipped by fairseq's scorer**: the perplexities are over the others." if context["skipped"] else ""),
-        "",
-        ("| model | variant | lr | warm-up | seeds | parameters | valid ppl | test ppl | valid loss | updates | "
-         "train time | to baseline's loss | p (test ppl) | Δppl 95% CI | still falling | best = last |"),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        ci = _ci_text(_envelope(r["p_values"] or [], "ppl")) if r["p_values"] is not None else "baseline"
-        lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
-                     f"{r['warmup'] if r['variant'] != 'nowarmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
-                     f"{_fmt(r['valid_ppl'], r['valid_ppl_std'])} | {_fmt(r['test_ppl'], r['test_ppl_std'])} | "
-                     f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
-                     f"{minutes_text(r)} | {reach_text(r)} | {_p_text(r['p_values'])} | {ci} | "
-                     f"{_share(r['still_falling'], len(r['seeds']))} | {_share(r['best_is_last'], len(r['seeds']))} |")  # fmt: skip
+        ""] + results_table(rows, SCORE)  # fmt: skip
     lines += partial(context)
     lines += ["", ("Mean ± standard deviation over seeds. Perplexity: exp of the mean negative log-likelihood per "
                    "token (natural log; fairseq-eval-lm's) of checkpoint_best.pt, one sentence per example. Valid loss: "
@@ -128,7 +104,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         f"Per seed, on the test sentences: the difference (model - {baseline}) in perplexity and "
         "in mean log-likelihood per token, their 95% intervals from the same bootstrap resamples, and the "
         f"p-value. Level: the perplexity interval lies inside ±{context['margin']:g} (LEVEL_MARGIN); a p "
-        "above 0.05 alone says only that no difference was shown."), _comparison_table)  # fmt: skip
+        "above 0.05 alone says only that no difference was shown."), SCORE)  # fmt: skip
     lines += runs_and_choices(context, choices)
     lines += ["## Plots", "", "![learning curves](curves.png)", "", "![validation perplexity](perplexity.png)", "",
               "## Reading", "", context["reading"], ""]  # fmt: skip

@@ -16,10 +16,11 @@ import study_plots
 import study_stats
 from study_common import Run, read_lines, write_json
 from study_report_common import (
+    Metric,
+    Score,
     _ci_text,
     _envelope,
     _portable,  # noqa: F401 (the tests read it here)
-    _share,
     _shown,
     _trend_text,
     add_first_valid_loss,
@@ -27,16 +28,15 @@ from study_report_common import (
     comparison_sections,
     comparisons_of,
     heading,
-    minutes_text,
     pair_comparisons,
     paired_groups,
     partial,
-    reach_text,
     results_record,
+    results_table,
     run_context,
     runs_and_choices,
 )
-from study_stats import P_SIGNIFICANT, _fmt
+from study_stats import P_SIGNIFICANT
 
 
 def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict, started: str, env_vars: tuple,
@@ -79,25 +79,8 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
     return {**context, "rows": rows}
 
 
-def _p_text(p_values: list | None) -> str:
-    if p_values is None:
-        return "baseline"
-    found = [p for p in p_values if p is not None]
-    if not found:
-        return "-"
-    bleu = max(p["bleu_p"] for p in found)
-    chrf = max(p["chrf_p"] for p in found)
-    return f"{bleu:.3f} / {chrf:.3f}"
-
-
-def _comparison_table(entries: list[dict], first: str, margin: float) -> list[str]:
-    lines = [f"| {first} | seed | ΔBLEU | 95% CI | p | ΔchrF | 95% CI | p | level (±{margin:g} BLEU) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for e in entries:
-        level = "yes" if study_stats.within([e], margin) else "no"
-        lines.append(f"| {e['label']} | {e['seed']} | {e['bleu_diff']:+.2f} | {_ci_text(e['bleu_ci'])} | {e['bleu_p']:.3f} | "
-                     f"{e['chrf_diff']:+.2f} | {_ci_text(e['chrf_ci'])} | {e['chrf_p']:.3f} | {level} |")  # fmt: skip
-    return lines
+SCORE = Score(columns=(("sacreBLEU", "bleu"), ("chrF", "chrf")), p_header="BLEU / chrF",
+              metrics=(Metric("ΔBLEU", "bleu"), Metric("ΔchrF", "chrf")), unit="BLEU")  # fmt: skip
 
 
 def markdown(rows: list[dict], choices: dict, context: dict) -> str:
@@ -106,18 +89,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         (f"Data: {context['data_text']}. Budget: {context['budget_text']}, {context['jobs']} run(s) at a time with "
          f"{context['threads']} thread(s) each. Set-up (every run): {context['setup_text']}. Test set "
          f"{context['test_set']} ({context['sentences']} sentences), beam {context['beam']}, "
-         f"checkpoint_best.pt (lowest valid loss)."), "",
-        ("| model | variant | lr | warm-up | seeds | parameters | sacreBLEU | chrF | valid loss | updates | "
-         "train time | to baseline's loss | p (BLEU / chrF) | ΔBLEU 95% CI | still falling | best = last |"),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        ci = _ci_text(_envelope(r["p_values"] or [], "bleu")) if r["p_values"] is not None else "baseline"
-        lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
-                     f"{r['warmup'] if r['variant'] != 'nowarmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
-                     f"{_fmt(r['bleu'], r['bleu_std'])} | {_fmt(r['chrf'], r['chrf_std'])} | "
-                     f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
-                     f"{minutes_text(r)} | {reach_text(r)} | {_p_text(r['p_values'])} | {ci} | "
-                     f"{_share(r['still_falling'], len(r['seeds']))} | {_share(r['best_is_last'], len(r['seeds']))} |")  # fmt: skip
+         f"checkpoint_best.pt (lowest valid loss)."), ""] + results_table(rows, SCORE)  # fmt: skip
     lines += partial(context)
     lines += ["", ("Mean ± standard deviation over seeds. Valid loss: fairseq's label-smoothed loss (base 2) at the "
               "last validation. p: sacrebleu's paired bootstrap resampling against the first model of the same "
@@ -130,7 +102,7 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         f"Per seed: the difference (model - {baseline}) in corpus BLEU and chrF, the 95% "
         "confidence interval of the difference from sacrebleu's paired bootstrap resamples, and its p-value. "
         f"Level: the interval lies inside ±{context['margin']:g} BLEU (LEVEL_MARGIN); a p above 0.05 alone "
-        "says only that no difference was shown."), _comparison_table)  # fmt: skip
+        "says only that no difference was shown."), SCORE)  # fmt: skip
     lines += runs_and_choices(context, choices)
     # the plots sit beside results.md: relative links keep a copied or committed study folder readable
     lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",

@@ -5,6 +5,7 @@ does not depend on the score (the score-specific tables and sentences stay in ea
 import itertools
 import json
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -62,8 +63,8 @@ def _envelope(entries: list[dict], metric: str) -> tuple[float, float] | None:
     return min(e[f"{metric}_ci"][0] for e in found), max(e[f"{metric}_ci"][1] for e in found)
 
 
-def _ci_text(ci) -> str:
-    return "-" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+def _ci_text(ci, digits: int = 2) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
 
 
 def _share(count: int, total: int) -> str:
@@ -205,10 +206,75 @@ def partial(context: dict) -> list[str]:
                 + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
 
 
-def comparison_sections(rows: list[dict], context: dict, intro, table) -> list[str]:
+@dataclass(frozen=True)
+class Metric:
+    """One difference a comparison reports: the comparison's ``{key}_diff``, ``{key}_ci`` and ``{key}_p``."""
+
+    header: str  # its column, e.g. "ΔBLEU"
+    key: str
+    digits: int = 2
+    p: bool = True  # False: the bootstrap gives no p-value of its own (a second view of the same test)
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a report's tables say about its score: translation's BLEU and chrF, a language model's perplexity."""
+
+    columns: tuple[tuple[str, str], ...]  # the results table's score columns: (header, the row's key)
+    p_header: str  # what the results table's p column tests
+    metrics: tuple[Metric, ...]  # the comparisons' differences; the first decides "level" and the 95% CI column
+    unit: str  # LEVEL_MARGIN's unit
+
+
+def _p_text(p_values: list | None, score: Score) -> str:
+    if p_values is None:
+        return "baseline"
+    found = [p for p in p_values if p is not None]
+    if not found:
+        return "-"
+    return " / ".join(f"{max(p[f'{m.key}_p'] for p in found):.3f}" for m in score.metrics if m.p)
+
+
+def results_table(rows: list[dict], score: Score) -> list[str]:
+    """results.md's table: one line per model and variant at its chosen setting."""
+    level = score.metrics[0].key
+    lines = [("| model | variant | lr | warm-up | seeds | parameters | "
+              + "".join(f"{header} | " for header, _ in score.columns)
+              + f"valid loss | updates | train time | to baseline's loss | p ({score.p_header}) | Δ{score.unit} 95% CI | "
+              "still falling | best = last |"),
+             "|---|---|" + "---:|" * (12 + len(score.columns))]  # fmt: skip
+    for r in rows:
+        ci = _ci_text(_envelope(r["p_values"] or [], level)) if r["p_values"] is not None else "baseline"
+        lines.append(f"| {r['arch']} | {r['variant']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | "
+                     f"{r['warmup'] if r['variant'] != 'nowarmup' else 0} | {len(r['seeds'])} | {r['parameters'] or 0:,} | "
+                     + "".join(f"{_fmt(r[key], r[f'{key}_std'])} | " for _, key in score.columns)
+                     + f"{_fmt(r['valid_loss'], r['valid_loss_std'], 3)} | {_fmt(r['updates'], None, 0)} | "
+                     f"{minutes_text(r)} | {reach_text(r)} | {_p_text(r['p_values'], score)} | {ci} | "
+                     f"{_share(r['still_falling'], len(r['seeds']))} | {_share(r['best_is_last'], len(r['seeds']))} |")  # fmt: skip
+    return lines
+
+
+def comparison_table(entries: list[dict], first: str, margin: float, score: Score) -> list[str]:
+    """One line per comparison and seed: each metric's difference, its 95% CI (and p), and whether level."""
+    header = "".join(f" {m.header} | 95% CI |" + (" p |" if m.p else "") for m in score.metrics)
+    columns = sum(3 if m.p else 2 for m in score.metrics)
+    lines = [f"| {first} | seed |{header} level (±{margin:g} {score.unit}) |", "|---|" + "---:|" * (1 + columns) + "---|"]
+    for e in entries:
+        level = "yes" if study_stats.within([e], margin, score.metrics[0].key) else "no"
+        cells = "".join(f" {e[f'{m.key}_diff']:+.{m.digits}f} | {_ci_text(e[f'{m.key}_ci'], m.digits)} |"
+                        + (f" {e[f'{m.key}_p']:.3f} |" if m.p else "") for m in score.metrics)  # fmt: skip
+        lines.append(f"| {e['label']} | {e['seed']} |{cells} {level} |")
+    return lines
+
+
+def comparison_sections(rows: list[dict], context: dict, intro, score: Score) -> list[str]:
     """The sections of paired comparisons: against the first model, between PAIRS' chosen models, and, with
     several variants, against each model's first variant. ``intro(baseline)`` is the score's explanation,
-    ``table(entries, first column, margin)`` writes the score's table."""
+    ``score`` names the differences the tables show."""
+
+    def table(entries: list[dict], first: str, margin: float) -> list[str]:
+        return comparison_table(entries, first, margin, score)
+
     lines = []
     compared = [c for c in context["comparisons"] if c["key"][0] != "variants"]
     if compared:
