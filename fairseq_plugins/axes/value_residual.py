@@ -15,41 +15,38 @@ so incremental decoding equals full decoding and beam reordering needs nothing e
 """
 
 from ..modules.value_residual import MODES, attach_value_residual
-from ..validation import PluginOptionError, argparse_type, check_bool, check_choice
+from ..validation import PluginOptionError, check_bool, check_choice
+from . import Option, set_defaults
 
 SIDES = ("none", "decoder", "both")
 
 
+OPTIONS = (
+    Option("value_residual", check_choice, (SIDES,), "none", "WHERE",
+           "value residual (ResFormer, arXiv:2410.17897): none (default), decoder (decoder self-attention, as "
+           "the paper's decoder-only models) or both (encoder self-attention too)"),
+    Option("value_residual_mode", check_choice, (MODES,), "identity", "MODE",
+           "identity (default: lambda = 0.5, 0.5, the paper and the authors' code), learnable "
+           "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); "
+           "constant needs lambdas and is available on the module only"),
+    Option("value_residual_cross", check_bool, (), False, "BOOL",
+           "also mix decoder layer 1's cross-attention values into later layers' (default false: the paper "
+           "has no cross-attention); not with --value-residual-mode token", const=True),
+)  # fmt: skip
+
+
 def add_args(parser) -> None:
-    parser.add_argument(
-        "--value-residual", type=argparse_type(check_choice, "value_residual", SIDES), metavar="WHERE",
-        help="value residual (ResFormer, arXiv:2410.17897): none (default), decoder (decoder self-attention, as "
-        "the paper's decoder-only models) or both (encoder self-attention too)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--value-residual-mode", type=argparse_type(check_choice, "value_residual_mode", MODES), metavar="MODE",
-        help="identity (default: lambda = 0.5, 0.5, the paper and the authors' code), learnable "
-        "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); "
-        "constant needs lambdas and is available on the module only",
-    )  # fmt: skip
-    parser.add_argument(
-        "--value-residual-cross", type=argparse_type(check_bool, "value_residual_cross"), nargs="?", const=True,
-        metavar="BOOL",
-        help="also mix decoder layer 1's cross-attention values into later layers' (default false: the paper "
-        "has no cross-attention); not with --value-residual-mode token",
-    )  # fmt: skip
+    for option in OPTIONS:
+        option.add(parser)
 
 
 def defaults(args) -> None:
-    for key, value in (("value_residual", "none"), ("value_residual_mode", "identity"), ("value_residual_cross", False)):
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    set_defaults(args, {option.name: option.default for option in OPTIONS})
 
 
 def check(args, plan) -> None:
-    args.value_residual = check_choice("value_residual", args.value_residual, SIDES)
-    args.value_residual_mode = check_choice("value_residual_mode", args.value_residual_mode, MODES)
-    args.value_residual_cross = check_bool("value_residual_cross", args.value_residual_cross)
+    for option in OPTIONS:
+        option.validate(args)
     if args.value_residual == "none":
         if args.value_residual_cross:
             raise PluginOptionError("--value-residual-cross needs --value-residual decoder or both")
