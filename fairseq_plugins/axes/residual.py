@@ -50,6 +50,13 @@ def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
             )
 
 
+def refuse_pruning(args, who: str, why: str) -> None:
+    """Reject ``--{side}-layers-to-keep`` for a choice whose layers depend on the stack's depth, saying why."""
+    for side in ("encoder", "decoder"):
+        if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
+            raise PluginOptionError(f"--{side}-layers-to-keep cannot be used with {who}: {why}")
+
+
 class Residual(Choice):
     axis = "residual"
     pre_ln = True
@@ -150,15 +157,11 @@ class DeepNet(Residual):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        for side in ("encoder", "decoder"):
-            # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
-            # layers with the pruned depth's alpha, a model that was never trained
-            if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
-                raise PluginOptionError(
-                    f"--{side}-layers-to-keep cannot be used with {cls.who()}: DeepNorm's alpha (the skip's "
-                    "weight in every layer's forward) is derived from the encoder and decoder depths, so the "
-                    "kept layers would run with another alpha than they were trained with"
-                )
+        # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
+        # layers with the pruned depth's alpha, a model that was never trained
+        refuse_pruning(args, cls.who(), "DeepNorm's alpha (the skip's weight in every layer's forward) is derived "
+                       "from the encoder and decoder depths, so the kept layers would run with another alpha than "
+                       "they were trained with")  # fmt: skip
 
     @classmethod
     def encoder_layer(cls, cfg, args):

@@ -21,9 +21,9 @@ from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import PluginOptionError, check_float
+from ..validation import check_float
 from . import Option
-from .residual import Residual
+from .residual import Residual, refuse_pruning
 
 
 class _SiteUpdate(Residual):
@@ -98,14 +98,10 @@ class Mix(Residual):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        for side in ("encoder", "decoder"):
-            # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
-            if getattr(args, f"{side}_layers_to_keep", None) not in (None, "", []):
-                raise PluginOptionError(
-                    f"--{side}-layers-to-keep cannot be used with {cls.who()}: Mix-LN's Post-LN layers are the "
-                    "first floor(alpha L) of the stack, so the kept layers would be re-partitioned between "
-                    "Post-LN and Pre-LN for the pruned depth, a model that was never trained"
-                )
+        # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
+        refuse_pruning(args, cls.who(), "Mix-LN's Post-LN layers are the first floor(alpha L) of the stack, so the "
+                       "kept layers would be re-partitioned between Post-LN and Pre-LN for the pruned depth, a model "
+                       "that was never trained")  # fmt: skip
 
     @classmethod
     def prepare(cls, model) -> None:
