@@ -18,6 +18,8 @@ A stream-carry interface for the next ideas (mHC, frac-connections, AttnRes, MUD
 from ..models.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
 from ..modules.depth_aggregation import DLCL_INITS
 from ..modules.depth_stack import DCA_MODES
+from ..modules.hyper_connections import MODES as HC_MODES
+from ..modules.laurel import RW_NORMS, VARIANTS
 from ..validation import PluginOptionError, check_choice, check_int
 from . import Choice, Option, set_defaults
 
@@ -38,6 +40,7 @@ class Aggregation(Choice):
     axis = "depth_aggregation"
     family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
     own_layers = False  # True: builds its own Pre-LN layers (needs --residual pre)
+    pinned: tuple[str, str] | None = None  # (option, value) the choice's name sets: LAuReL's variant, HC's mode
 
     @classmethod
     def who(cls) -> str:
@@ -50,9 +53,18 @@ class Aggregation(Choice):
         return None
 
     @classmethod
+    def defaults(cls, args) -> None:
+        if cls.pinned:
+            set_defaults(args, dict([cls.pinned]))
+        super().defaults(args)
+
+    @classmethod
     def check(cls, args) -> None:
         check_position_indexed(args, cls.who())
         cls.check_options(args)
+        if cls.pinned and getattr(args, cls.pinned[0]) != cls.pinned[1]:
+            option = cls.pinned[0]
+            raise PluginOptionError(f"--{option.replace('_', '-')} {getattr(args, option)} contradicts {cls.label()}")
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -191,31 +203,28 @@ class DLCL(Aggregation):
         return (args.dlcl_init,)
 
 
+MAX_LAUREL_RANK, MAX_LAUREL_PA_K = 65_536, 64
+
+
 class Laurel(Aggregation):
     name, source, family = "laurel", "LAuReL (arXiv:2411.07501)", "laurel_transformer"
     owns = frozenset({"stream"})
-    variant = ""
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        from ..models.laurel_transformer import add_laurel_args
-
-        add_laurel_args(parser)
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        from ..models.laurel_transformer import LAUREL_DEFAULTS
-
-        set_defaults(args, {**LAUREL_DEFAULTS, "laurel_variant": cls.variant})
-
-    @classmethod
-    def check(cls, args) -> None:
-        from ..models.laurel_transformer import check_laurel_options
-
-        super().check(args)
-        check_laurel_options(args)
-        if args.laurel_variant != cls.variant:
-            raise PluginOptionError(f"--laurel-variant {args.laurel_variant} contradicts {cls.label()}")
+    options = (  # in the order they are checked
+        Option("laurel_variant", check_choice, (VARIANTS,), "lr", "V",
+               "rw (learned residual weights, section 2.1), lr (low-rank B A x added to the skip, eq. 3) or "
+               "pa (low-rank mix of the last k streams, eq. 4); set by the laurel_rw/lr/pa presets"),
+        Option("laurel_rw_norm", check_choice, (RW_NORMS,), "softmax", "N",
+               "rw: softmax (default: (alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5; the paper, "
+               "section 2.1, says the learned weights must be bounded in practice, by softmax or sigmoid) or none "
+               "(alpha, beta learned directly from 1, unbounded, the Pre-LN baseline at initialisation; this "
+               "plugin's default until issue 26); one of none, softmax"),
+        Option("laurel_rank", check_int, (1, MAX_LAUREL_RANK), 32, "R",
+               "rank r of B A in lr and pa (default 32, the paper's ablation value; 4 and 64 for its 1B and "
+               "4B LLMs); 1 <= R <= 65536"),
+        Option("laurel_pa_k", check_int, (1, MAX_LAUREL_PA_K), 3, "K",
+               f"pa: how many streams x_i, x_{{i-1}}, ... are mixed (default 3, the paper's ablation); "
+               f"1 <= K <= {MAX_LAUREL_PA_K}"),
+    )  # fmt: skip
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -225,46 +234,36 @@ class Laurel(Aggregation):
 
     @classmethod
     def stack_args(cls, args) -> tuple:
-        from ..models.laurel_transformer import laurel_options
-
-        return (laurel_options(args),)
+        return ({"variant": args.laurel_variant, "rank": args.laurel_rank, "pa_k": args.laurel_pa_k,
+                 "rw_norm": args.laurel_rw_norm},)  # fmt: skip
 
 
 class LaurelRW(Laurel):
-    name, variant = "laurel-rw", "rw"
+    name, pinned = "laurel-rw", ("laurel_variant", "rw")
 
 
 class LaurelLR(Laurel):
-    name, variant = "laurel-lr", "lr"
+    name, pinned = "laurel-lr", ("laurel_variant", "lr")
 
 
 class LaurelPA(Laurel):
-    name, variant = "laurel-pa", "pa"
+    name, pinned = "laurel-pa", ("laurel_variant", "pa")
+
+
+MAX_HC_RATE = 64
 
 
 class HyperConnections(Aggregation):
     name, source, family = "hc", "Hyper-Connections (arXiv:2409.19606)", "hc_transformer"
     owns, own_layers = frozenset({"stream", "layer"}), True
-    mode = ""
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        from ..models.hc_transformer import add_hc_args
-
-        add_hc_args(parser)
-
-    @classmethod
-    def defaults(cls, args) -> None:
-        set_defaults(args, {"hc_mode": cls.mode, "hc_rate": 4})
-
-    @classmethod
-    def check(cls, args) -> None:
-        from ..models.hc_transformer import check_hc_options
-
-        super().check(args)
-        check_hc_options(args)
-        if args.hc_mode != cls.mode:
-            raise PluginOptionError(f"--hc-mode {args.hc_mode} contradicts {cls.label()}")
+    options = (
+        Option("hc_mode", check_choice, (HC_MODES,), None, "MODE",  # set by the choice's name (pinned)
+               "static (SHC: learned A_m, A_r, B) or dynamic (DHC: plus input-dependent tanh terms, section "
+               "2.3); set by the hc_static/hc_dynamic presets"),
+        Option("hc_rate", check_int, (1, MAX_HC_RATE), 4, "N",
+               f"expansion rate n, the streams per token (default 4, the paper's main setting; n = 1 gave no "
+               f"gain there); 1 <= N <= {MAX_HC_RATE}"),
+    )  # fmt: skip
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -278,11 +277,11 @@ class HyperConnections(Aggregation):
 
 
 class HCStatic(HyperConnections):
-    name, mode = "hc-static", "static"
+    name, pinned = "hc-static", ("hc_mode", "static")
 
 
 class HCDynamic(HyperConnections):
-    name, mode = "hc-dynamic", "dynamic"
+    name, pinned = "hc-dynamic", ("hc_mode", "dynamic")
 
 
 # after Aggregation: they subclass it

@@ -22,8 +22,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from ..modules.hyper_connections import MODES, HyperConnection
-from ..validation import argparse_type, check_choice, check_int
+from ..modules.hyper_connections import HyperConnection
 from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from .pre_ln_stack import add_format_version
 
@@ -165,19 +164,3 @@ class HCDecoder(_HCStack, LayerStackDecoder):
         return streams.sum(2), streams, attn
 
 
-def check_hc_options(args) -> None:
-    args.hc_mode = check_choice("hc_mode", args.hc_mode, MODES)
-    args.hc_rate = check_int("hc_rate", args.hc_rate, 1, MAX_RATE)
-
-
-def add_hc_args(parser) -> None:
-    parser.add_argument(
-        "--hc-mode", type=argparse_type(check_choice, "hc_mode", MODES), metavar="MODE",
-        help="static (SHC: learned A_m, A_r, B) or dynamic (DHC: plus input-dependent tanh terms, section "
-        "2.3); set by the hc_static/hc_dynamic presets",
-    )  # fmt: skip
-    parser.add_argument(
-        "--hc-rate", type=argparse_type(check_int, "hc_rate", 1, MAX_RATE), metavar="N",
-        help=f"expansion rate n, the streams per token (default 4, the paper's main setting; n = 1 gave no "
-        f"gain there); 1 <= N <= {MAX_RATE}",
-    )  # fmt: skip
