@@ -50,6 +50,13 @@ def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
             )
 
 
+def layers_of(model):
+    """Every layer of the model as (side, layer): the encoder's, then the decoder's, each from the bottom."""
+    for side in ("encoder", "decoder"):
+        for layer in getattr(model, side).layers:
+            yield side, layer
+
+
 def refuse_pruning(args, who: str, why: str) -> None:
     """Reject ``--{side}-layers-to-keep`` for a choice whose layers depend on the stack's depth, saying why."""
     for side in ("encoder", "decoder"):
@@ -177,14 +184,12 @@ class DeepNet(Residual):
         n, m = args.encoder_layers, args.decoder_layers
         if args.deepnet_init == "paper":
             constants = rw.deepnet_constants(n, m)
-            for side in ("encoder", "decoder"):
-                for layer in getattr(model, side).layers:
-                    rw.deepnet_init_(layer, constants[f"{side}_beta"])
+            for side, layer in layers_of(model):
+                rw.deepnet_init_(layer, constants[f"{side}_beta"])
         else:
             scales = rw.torchscale_init_scales(n, m)
-            for side in ("encoder", "decoder"):
-                for layer in getattr(model, side).layers:
-                    rw.torchscale_init_(layer, scales[side])
+            for side, layer in layers_of(model):
+                rw.torchscale_init_(layer, scales[side])
 
 
 TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
@@ -223,9 +228,8 @@ class TFixup(Residual):
     @classmethod
     def initialize(cls, model, args):
         scales = rw.tfixup_scales(args.encoder_layers, args.decoder_layers, args.tfixup_decoder_depth)
-        for side in ("encoder", "decoder"):
-            for layer in getattr(model, side).layers:
-                rw.tfixup_init_(layer, scales[side])
+        for side, layer in layers_of(model):
+            rw.tfixup_init_(layer, scales[side])
         encoder_embedding = model.encoder.embed_tokens.weight
         rw.scale_weights_([model.encoder.embed_tokens], scales["encoder_embedding"])
         if model.decoder.embed_tokens.weight is not encoder_embedding:  # a shared table is scaled once, with N
@@ -255,9 +259,8 @@ class B2T(Residual):
     @classmethod
     def initialize(cls, model, args):
         if args.b2t_init == "rescaled":
-            for side in ("encoder", "decoder"):
-                for layer in getattr(model, side).layers:
-                    rw.b2t_rescale_(layer, getattr(args, f"{side}_layers"))
+            for side, layer in layers_of(model):
+                rw.b2t_rescale_(layer, getattr(args, f"{side}_layers"))
 
 
 NORMFORMER_DEFAULTS = {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": False}
@@ -313,9 +316,8 @@ class Admin(Residual):
 
     @classmethod
     def initialize(cls, model, args):
-        for side in ("encoder", "decoder"):
-            for layer in getattr(model, side).layers:
-                rw.xavier_fc_(layer)
+        for _, layer in layers_of(model):
+            rw.xavier_fc_(layer)
 
     @classmethod
     def prepare(cls, model) -> None:
