@@ -114,3 +114,25 @@ def test_deep_stack_half_precision(dtype):
     assert out.dtype == dtype
     out.float().square().mean().backward()
     assert_finite(out, x.grad, *(p.grad for p in mudd.parameters()))
+
+
+def test_gradients_of_the_bank_match_the_running_sum():
+    """The aggregation over the bank of block outputs (modules/muddformer.py, _Keep/_Aggregate: gradients
+    accumulated in place) has the gradients of the running sum over the plain list of outputs, in float64."""
+    mudd = MultiwayDenseConnections(DIM, L).double()
+    randomize_(mudd)
+    x = random_input(3, 2, DIM).requires_grad_()
+    target = random_input(3, 2, DIM, seed=7)
+    grads = []
+    for banked in (True, False):
+        weights = [[w.clone().requires_grad_() for w in ws] for ws in layer_weights(L)]
+        mudd.zero_grad()
+        x.grad = None
+        state, ways = mudd.start(x)
+        if not banked:
+            state = [x]
+        for i in range(1, L + 1):
+            ways = mudd(i, state, block(ways, weights[i - 1]))
+        (ways[0] * target).sum().backward()
+        grads.append([x.grad.clone(), *(p.grad.clone() for p in mudd.parameters()), *(w.grad for ws in weights for w in ws)])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)  # summation order only

@@ -47,7 +47,72 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .skinny import skinny_matmul
+
 RMS_EPS = 1e-6
+
+
+class _Outputs:
+    """X_0 .. X_i of one forward pass side by side, ``bank`` (slots, tokens, D), so that a connection's
+    aggregation is one batched product (N, ways, i+1) x (N, i+1, D) instead of i + 1 multiply-adds over
+    (N, ways, D); in backward the gradients of the slots, accumulated in place by the connections (``grad``,
+    its first ``grad_rows`` slots written)."""
+
+    def __init__(self, slots: int, like: Tensor):
+        self.bank = like.new_empty(slots, like.numel() // like.shape[-1], like.shape[-1])
+        self.count = 0
+        self.handles: list[Tensor] = []
+        self.grad: Tensor | None = None
+        self.grad_rows = 0
+
+
+class _Keep(torch.autograd.Function):
+    """Copies X_i into the bank; returns a handle (an empty tensor) that every later aggregation takes as
+    input, so that autograd runs this backward after all of theirs, when the bank holds X_i's whole gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, outs: _Outputs) -> Tensor:
+        ctx.outs, ctx.slot, ctx.shape = outs, outs.count, x.shape
+        outs.bank[outs.count].copy_(x.reshape(outs.bank.shape[1:]))
+        outs.count += 1
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        outs, s = ctx.outs, ctx.slot
+        if outs.grad is None or s >= outs.grad_rows:
+            return outs.bank.new_zeros(ctx.shape), None
+        return outs.grad[s].view(ctx.shape), None
+
+
+class _Aggregate(torch.autograd.Function):
+    """Xbar (N, ways, D) = A (N, ways, k) X (N, k, D) over the bank's first k slots; backward accumulates
+    A^T g into the bank's gradient in place (one tensor for all slots instead of one per slot and reader)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, outs: _Outputs, *handles) -> Tensor:
+        k = a.shape[-1]
+        ctx.outs, ctx.handles = outs, len(handles)
+        ctx.save_for_backward(a)
+        return torch.bmm(a, outs.bank[:k].transpose(0, 1))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (a,) = ctx.saved_tensors
+        outs, k = ctx.outs, a.shape[-1]
+        grad = grad.contiguous()
+        grad_a = torch.bmm(grad, outs.bank[:k].permute(1, 2, 0))
+        if outs.grad is None:
+            outs.grad = torch.empty_like(outs.bank)
+        g = outs.grad[:k].transpose(0, 1)  # (N, k, D)
+        at = a.transpose(1, 2)
+        done = min(outs.grad_rows, k)
+        if done:
+            g[:, :done].baddbmm_(at[:, :done], grad)
+        if done < k:  # slots no aggregation has reached yet: written (beta = 0 ignores the empty memory)
+            g[:, done:].baddbmm_(at[:, done:], grad, beta=0)
+            outs.grad_rows = k
+        return (grad_a, None) + (None,) * ctx.handles
 
 
 class DenseConnection(nn.Module):
@@ -67,17 +132,31 @@ class DenseConnection(nn.Module):
         acc = x.to(torch.promote_types(x.dtype, torch.float32))
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(x.device.type, enabled=False):
-            normed = acc * torch.rsqrt(acc.square().mean(-1, keepdim=True) + self.eps)
-            dynamic = F.gelu(normed @ self.w1.to(acc.dtype)) @ self.w2.to(acc.dtype)
+            # the mean square in one pass (square().mean() writes and re-reads an x-sized temporary)
+            scale = torch.rsqrt(torch.linalg.vector_norm(acc, dim=-1, keepdim=True).square() / acc.shape[-1] + self.eps)
+            hidden = skinny_matmul(acc, self.w1.to(acc.dtype)) * scale  # RMSNorm(x) W1, thin W1 first
+            dynamic = F.gelu(hidden) @ self.w2.to(acc.dtype)
         return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
 
     def forward(self, outputs: list) -> tuple:
-        a = self.weights(outputs[-1]).to(outputs[-1].dtype).unsqueeze(-1)  # (seq_len, batch, ways, i + 1, 1)
-        # a running sum over the block outputs: a stacked copy per connection would be kept for backward
-        mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
-        for j in range(1, self.index + 1):
-            mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
-        return tuple(mixed.unbind(-2))
+        last = outputs[-1]
+        a = self.weights(last).to(last.dtype)  # (seq_len, batch, ways, i + 1)
+        outs = getattr(outputs, "outs", None)
+        if outs is None:  # a plain list of the block outputs: a running sum (no stacked copy kept for backward)
+            a = a.unsqueeze(-1)
+            mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
+            for j in range(1, self.index + 1):
+                mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
+            return tuple(mixed.unbind(-2))
+        with torch.autocast(last.device.type, enabled=False):  # in the outputs' dtype, as the running sum
+            mixed = _Aggregate.apply(a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outs.handles)
+        return tuple(mixed.view(*last.shape[:-1], self.ways, last.shape[-1]).unbind(-2))
+
+
+class _State(list):
+    """The block outputs X_0 .. X_i recorded so far (a list), with their bank (``outs``)."""
+
+    outs: _Outputs
 
 
 class MultiwayDenseConnections(nn.Module):
@@ -109,11 +188,16 @@ class MultiwayDenseConnections(nn.Module):
         self.connections = nn.ModuleList(connections)
 
     def start(self, x0: Tensor) -> tuple[list, tuple]:
-        return [x0], (x0,) * self.ways
+        state = _State([x0])
+        state.outs = _Outputs(self.num_layers + 1, x0)
+        state.outs.handles.append(_Keep.apply(x0, state.outs))
+        return state, (x0,) * self.ways
 
     def forward(self, index: int, state: list, output: Tensor) -> tuple:
         """Records X_index (1-based block index) and returns the ways for block index + 1 (or Xbar_L^R)."""
         if not 1 <= index <= self.num_layers or len(state) != index:
             raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
         state.append(output)
+        if isinstance(state, _State):
+            state.outs.handles.append(_Keep.apply(output, state.outs))
         return self.connections[index - 1](state)
