@@ -44,12 +44,36 @@ runs ``sublayer`` on it, records the output), and ``ar.finish(state)`` for the s
 norm. ``sublayer`` maps h `(seq_len, batch, embed_dim)` to dropout(F(LN(h))).
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 RMS_EPS = 1e-6
+
+
+def autocast_off(device_type: str):
+    """``torch.autocast(enabled=False)`` where autocast is on, else nothing (the context costs a few
+    microseconds to enter and leave, which decoding pays at every sublayer of every step)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class _NoGrad:
+    """The ctx of an autograd function's forward called directly, without autograd (decoding): Function.apply
+    costs several microseconds a call."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+
+def call(function, *args):
+    """``function.apply(*args)``, or its forward alone where autograd is off."""
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_NoGrad(), *args)
 
 
 class _Sources:
@@ -128,7 +152,7 @@ class _Read(torch.autograd.Function):
         values = src.values
         if src.bank is not None:
             out = torch.bmm(weights[:, None, :slots].to(values[0].dtype), src.bank[:slots].transpose(0, 1))[:, 0]
-            wt = weights.t().to(values[0].dtype).unsqueeze(-1)
+            wt = weights.t().to(values[0].dtype).unsqueeze(-1) if partial is not None else None
         else:
             wt = weights.t().to(values[0].dtype).unsqueeze(-1)  # (sources, tokens, 1)
             out = values[0] * wt[0]
@@ -207,8 +231,8 @@ class AttentionResiduals(nn.Module):
         # a completed block is a source of every later query, and its values never change: its logits for
         # all of them in one product (read once, one GEMM) instead of one matrix-vector product per read
         # (autocast, the plugin's --autocast-dtype, would run the logits in half precision)
-        with torch.autocast(block.device.type, enabled=False):
-            handle = _Store.apply(block, state.keys, state.sources, state.written, self.eps)
+        with autocast_off(block.device.type):
+            handle = call(_Store, block, state.keys, state.sources, state.written, self.eps)
         state.blocks.append(block)
         state.handles.append(handle)
 
@@ -216,7 +240,7 @@ class AttentionResiduals(nn.Module):
         acc = torch.promote_types(embedding.dtype, torch.float32)
         tokens = embedding.numel() // embedding.shape[-1]
         slots = 1 + self.num_sublayers // self.block_size
-        with torch.autocast(embedding.device.type, enabled=False):
+        with autocast_off(embedding.device.type):
             keys = (self.queries * self.key_gains).to(acc)
         sources = _Sources(tokens, slots, self.num_sublayers + 1, embedding, acc, not torch.is_grad_enabled())
         state = AttnResState(sources=sources, keys=keys)
@@ -228,12 +252,12 @@ class AttentionResiduals(nn.Module):
         shape = state.blocks[0].shape
         partial = partial_logit = None
         # autocast (the plugin's --autocast-dtype) would run the logits, softmax and products in half precision
-        with torch.autocast(state.blocks[0].device.type, enabled=False):
+        with autocast_off(state.blocks[0].device.type):
             if state.partial is not None:
                 partial = state.partial.reshape(-1, shape[-1])
                 p = partial.to(state.keys.dtype)
                 partial_logit = (p @ state.keys[index]) * torch.rsqrt(p.square().mean(-1) + self.eps)
-            out = _Read.apply(state.sources, index, len(state.blocks), partial, partial_logit, *state.handles)
+            out = call(_Read, state.sources, index, len(state.blocks), partial, partial_logit, *state.handles)
         return out.view(shape)
 
     def write(self, state: AttnResState, out: Tensor) -> None:

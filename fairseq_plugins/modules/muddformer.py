@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attn_res import autocast_off, call
 from .skinny import skinny_matmul
 
 RMS_EPS = 1e-6
@@ -131,10 +132,16 @@ class DenseConnection(nn.Module):
         """A_i (seq_len, batch, ways, i + 1), float32 at least."""
         acc = x.to(torch.promote_types(x.dtype, torch.float32))
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             # the mean square in one pass (square().mean() writes and re-reads an x-sized temporary)
             scale = torch.rsqrt(torch.linalg.vector_norm(acc, dim=-1, keepdim=True).square() / acc.shape[-1] + self.eps)
-            hidden = skinny_matmul(acc, self.w1.to(acc.dtype)) * scale  # RMSNorm(x) W1, thin W1 first
+            w1 = self.w1.to(acc.dtype)
+            # RMSNorm(x) W1 with the thin W1 first (modules/skinny.py; without autograd the product alone)
+            if torch.is_grad_enabled():
+                hidden = skinny_matmul(acc, w1)
+            else:
+                hidden = (w1.t() @ acc.reshape(-1, acc.shape[-1]).t()).t().reshape(*acc.shape[:-1], -1)
+            hidden = hidden * scale
             dynamic = F.gelu(hidden) @ self.w2.to(acc.dtype)
         return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
 
@@ -148,8 +155,8 @@ class DenseConnection(nn.Module):
             for j in range(1, self.index + 1):
                 mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
             return tuple(mixed.unbind(-2))
-        with torch.autocast(last.device.type, enabled=False):  # in the outputs' dtype, as the running sum
-            mixed = _Aggregate.apply(a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outs.handles)
+        with autocast_off(last.device.type):  # in the outputs' dtype, as the running sum
+            mixed = call(_Aggregate, a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outs.handles)
         return tuple(mixed.view(*last.shape[:-1], self.ways, last.shape[-1]).unbind(-2))
 
 
@@ -190,7 +197,7 @@ class MultiwayDenseConnections(nn.Module):
     def start(self, x0: Tensor) -> tuple[list, tuple]:
         state = _State([x0])
         state.outs = _Outputs(self.num_layers + 1, x0)
-        state.outs.handles.append(_Keep.apply(x0, state.outs))
+        state.outs.handles.append(call(_Keep, x0, state.outs))
         return state, (x0,) * self.ways
 
     def forward(self, index: int, state: list, output: Tensor) -> tuple:
@@ -199,5 +206,5 @@ class MultiwayDenseConnections(nn.Module):
             raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
         state.append(output)
         if isinstance(state, _State):
-            state.outs.handles.append(_Keep.apply(output, state.outs))
+            state.outs.handles.append(call(_Keep, output, state.outs))
         return self.connections[index - 1](state)
