@@ -88,6 +88,7 @@ class _Sources:
         self.bank = like.new_empty(slots, tokens, like.shape[-1]) if bank else None
         self.grad_values: list[Tensor | None] = [None] * slots
         self.grad_logits: Tensor | None = None
+        self.scratch: Tensor | None = None
 
     def grad_logits_(self) -> Tensor:
         if self.grad_logits is None:
@@ -129,8 +130,11 @@ class _Store(torch.autograd.Function):
         scaled = glg * inv  # d / d (v . k_q)
         # d(1/rms)/dv = -v / (C rms^3): a per-token multiple of v, added to the key product's gradient
         coef = (glg * src.logits[:, s, f:]).sum(-1, keepdim=True) * inv.square() / -v.shape[-1]
-        grad_v = (vv * coef).addmm_(scaled, keys[f:])
-        grad_v = grad_v.to(v.dtype) if grad is None else grad.add_(grad_v)
+        if grad is not None and grad.dtype == vv.dtype:  # in place: a fresh (tokens, C) tensor faults its pages
+            grad_v = grad.addcmul_(vv, coef).addmm_(scaled, keys[f:])
+        else:
+            grad_v = (vv * coef).addmm_(scaled, keys[f:]).to(v.dtype)
+            grad_v = grad_v if grad is None else grad.add_(grad_v)
         grad_keys = None
         if ctx.needs_input_grad[1]:
             grad_keys = keys.new_zeros(keys.shape)
@@ -173,7 +177,9 @@ class _Read(torch.autograd.Function):
         sources = src.values[:k] + ([partial] if partial is not None else [])
         # g . v_s per token through one reused product buffer: a fresh (tokens, C) temporary per source costs
         # more than the product (first-touch page faults of the allocation, measured 0.6 ms at 1024 x 256)
-        tmp, gw = torch.empty_like(grad), grad.new_empty(len(sources), grad.shape[0])
+        if src.scratch is None or src.scratch.shape != grad.shape or src.scratch.dtype != grad.dtype:
+            src.scratch = torch.empty_like(grad)  # one per forward pass, reused by every read's backward
+        tmp, gw = src.scratch, grad.new_empty(len(sources), grad.shape[0])
         for s, v in enumerate(sources):
             if v.dtype == grad.dtype:
                 torch.sum(torch.mul(grad, v, out=tmp), -1, out=gw[s])
