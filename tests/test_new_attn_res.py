@@ -130,3 +130,17 @@ def test_gradients_match_the_direct_equations(block_size):
         (compute(weights) * target).sum().backward()
         grads.append([x.grad.clone(), ar.queries.grad.clone(), ar.key_gains.grad.clone(), *(w.grad for w in weights)])
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_second_backward_through_the_same_graph(block_size):
+    """The reads' accumulators are consumed by each block's backward: backward twice with retain_graph gives
+    exactly twice the gradients of one."""
+    ar = AttentionResiduals(DIM, L, block_size).double()
+    randomize_(ar, scale=1.0)
+    x = random_input(4, 2, DIM).requires_grad_()
+    loss = (run(ar, x, branch_weights(L)) * random_input(4, 2, DIM, seed=5)).sum()
+    loss.backward(retain_graph=True)
+    once = [x.grad.clone(), ar.queries.grad.clone(), ar.key_gains.grad.clone()]
+    loss.backward()
+    torch.testing.assert_close([x.grad, ar.queries.grad, ar.key_gains.grad], [2 * g for g in once])

@@ -137,3 +137,20 @@ def test_gradients_of_the_bank_match_the_running_sum():
         (ways[0] * target).sum().backward()
         grads.append([x.grad.clone(), *(p.grad.clone() for p in mudd.parameters()), *(w.grad for ws in weights for w in ws)])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)  # summation order only
+
+
+def test_second_backward_through_the_same_graph():
+    """The gradient bank is reset once every block output has its gradient: backward twice with retain_graph
+    accumulates exactly twice the gradients of one."""
+    mudd = MultiwayDenseConnections(DIM, L).double()
+    randomize_(mudd)
+    x = random_input(3, 2, DIM).requires_grad_()
+    weights = layer_weights(L)
+    state, ways = mudd.start(x)
+    for i in range(1, L + 1):
+        ways = mudd(i, state, block(ways, weights[i - 1]))
+    loss = (ways[0] * random_input(3, 2, DIM, seed=7)).sum()
+    loss.backward(retain_graph=True)
+    once = [x.grad.clone(), *(p.grad.clone() for p in mudd.parameters())]
+    loss.backward()
+    torch.testing.assert_close([x.grad, *(p.grad for p in mudd.parameters())], [2 * g for g in once])

@@ -139,6 +139,7 @@ class _Store(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_keys = keys.new_zeros(keys.shape)
             torch.mm(scaled.t(), vv, out=grad_keys[f:])
+        glg.zero_()  # consumed: a second backward through the same graph (retain_graph) starts from zero
         return grad_v.view(ctx.shape), grad_keys, None, None, None
 
 

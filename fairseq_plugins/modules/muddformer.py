@@ -65,6 +65,7 @@ class _Outputs:
         self.handles: list[Tensor] = []
         self.grad: Tensor | None = None
         self.grad_rows = 0
+        self.consumed = 0  # slots whose gradient _Keep handed back in this backward
 
 
 class _Keep(torch.autograd.Function):
@@ -82,8 +83,15 @@ class _Keep(torch.autograd.Function):
     def backward(ctx, _):
         outs, s = ctx.outs, ctx.slot
         if outs.grad is None or s >= outs.grad_rows:
-            return outs.bank.new_zeros(ctx.shape), None
-        return outs.grad[s].view(ctx.shape), None
+            grad = outs.bank.new_zeros(ctx.shape)
+        else:
+            # a copy: autograd may keep the tensor itself as a leaf's .grad, which must not alias the bank (a
+            # second backward through the same graph, retain_graph, rewrites the bank)
+            grad = outs.grad[s].clone().view(ctx.shape)
+        outs.consumed += 1
+        if outs.consumed == outs.count:  # every slot handed back: a second backward (retain_graph) writes anew
+            outs.grad_rows, outs.consumed = 0, 0
+        return grad, None
 
 
 class _Aggregate(torch.autograd.Function):
