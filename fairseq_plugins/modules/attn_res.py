@@ -24,9 +24,11 @@ init 1; eps 1e-6 is ours, the paper gives none). Blocks: N ~ 8 in the paper (Kim
 sublayers, S = 6); its ablation has S = 2, 4, 8 equally good and S >= 16 drifting to the baseline.
 
 Computation: w_l^T RMSNorm_l(v) = (w_l * g_l)^T v / rms(v); a completed block's logits for every later query
-are one product when the block completes (cached in the state); only the partial sum of Block AttnRes is
-scored at each read. Logits, rms and softmax run in float32 (at
-least); the weighted sum in the sources' dtype, as a running sum over the sources (no stacked copy).
+are one product when the block completes (one logits table per forward pass); only the partial sum of Block
+AttnRes is scored at each read. Logits, rms and softmax run in float32 (at least); the weighted sum in the
+sources' dtype, as an in-place running sum over the sources in training (no stacked copy kept for backward) and
+one batched product over a side-by-side copy of the blocks when decoding. Backward accumulates each block's
+gradient in place across its reads and hands it back once (_Store, _Read; docs/speed_aggregation.md).
 
 Encoder-decoder decisions (ours; the paper is decoder-only):
 - one AttnRes per stack, each with its own queries; decoder sources = target embedding + the outputs of
