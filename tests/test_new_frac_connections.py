@@ -101,3 +101,15 @@ def test_deep_stack_half_precision(dtype):
     assert out.dtype == dtype
     out.float().square().mean().backward()
     assert_finite(y, out, x.grad, *(p.grad for u in units for p in u.parameters()))
+
+
+def test_decoding_path_equals_the_autograd_path():
+    """Without autograd a float32 dynamic unit runs a shorter path (no casts or autocast contexts): the same
+    operators in the same order, so its output equals the autograd path's bit for bit."""
+    unit = FracConnection(DIM, 2)
+    randomize_(unit, scale=0.5)
+    x = random_input(5, 3, DIM, dtype=torch.float32)
+    f = lambda h: branch(h, branch_weights(1)[0].float())
+    with torch.no_grad():
+        decoded = unit(x, f)
+    torch.testing.assert_close(decoded, unit(x, f).detach(), rtol=0, atol=0)

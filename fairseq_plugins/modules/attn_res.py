@@ -24,9 +24,11 @@ init 1; eps 1e-6 is ours, the paper gives none). Blocks: N ~ 8 in the paper (Kim
 sublayers, S = 6); its ablation has S = 2, 4, 8 equally good and S >= 16 drifting to the baseline.
 
 Computation: w_l^T RMSNorm_l(v) = (w_l * g_l)^T v / rms(v); a completed block's logits for every later query
-are one product when the block completes (cached in the state); only the partial sum of Block AttnRes is
-scored at each read. Logits, rms and softmax run in float32 (at
-least); the weighted sum in the sources' dtype, as a running sum over the sources (no stacked copy).
+are one product when the block completes (one logits table per forward pass); only the partial sum of Block
+AttnRes is scored at each read. Logits, rms and softmax run in float32 (at least); the weighted sum in the
+sources' dtype, as an in-place running sum over the sources in training (no stacked copy kept for backward) and
+one batched product over a side-by-side copy of the blocks when decoding. Backward accumulates each block's
+gradient in place across its reads and hands it back once (_Store, _Read; docs/speed_aggregation.md).
 
 Encoder-decoder decisions (ours; the paper is decoder-only):
 - one AttnRes per stack, each with its own queries; decoder sources = target embedding + the outputs of
@@ -44,6 +46,7 @@ runs ``sublayer`` on it, records the output), and ``ar.finish(state)`` for the s
 norm. ``sublayer`` maps h `(seq_len, batch, embed_dim)` to dropout(F(LN(h))).
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -52,19 +55,168 @@ from torch import Tensor, nn
 RMS_EPS = 1e-6
 
 
+def autocast_off(device_type: str):
+    """``torch.autocast(enabled=False)`` where autocast is on, else nothing (the context costs a few
+    microseconds to enter and leave, which decoding pays at every sublayer of every step)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class _NoGrad:
+    """The ctx of an autograd function's forward called directly, without autograd (decoding): Function.apply
+    costs several microseconds a call."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+
+def call(function, *args):
+    """``function.apply(*args)``, or its forward alone where autograd is off."""
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_NoGrad(), *args)
+
+
+class _Sources:
+    """The completed blocks of one forward pass: the tensors (as (tokens, C) views), their logits for every
+    query side by side (tokens, slots, queries; float32 at least; slot s holds queries first_s onwards); in
+    backward each block's gradient, accumulated in place by the reads. Without autograd (decoding) the blocks
+    are also copied side by side, ``bank`` (slots, tokens, C), so that a read is one batched product."""
+
+    def __init__(self, tokens: int, slots: int, queries: int, like: Tensor, acc: torch.dtype, bank: bool):
+        self.values: list[Tensor] = []
+        self.logits = like.new_empty(tokens, slots, queries, dtype=acc)
+        self.bank = like.new_empty(slots, tokens, like.shape[-1]) if bank else None
+        self.grad_values: list[Tensor | None] = [None] * slots
+        self.grad_logits: Tensor | None = None
+        self.scratch: Tensor | None = None
+
+    def grad_logits_(self) -> Tensor:
+        if self.grad_logits is None:
+            self.grad_logits = torch.zeros_like(self.logits)
+        return self.grad_logits
+
+
+class _Store(torch.autograd.Function):
+    """Records a completed block v and scores it against queries first..: w_q^T RMSNorm_q(v) = (v . k_q) /
+    rms(v), k = w * g. Returns a handle (an empty tensor) that every later read takes as input, so that
+    autograd runs this backward after all of theirs: the block's gradient is then complete, accumulated in place
+    by the reads (autograd would make one tensor per read, and a zero-filled logits gradient per read, and sum
+    them)."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor, keys: Tensor, src: _Sources, first: int, eps: float) -> Tensor:
+        slot = len(src.values)
+        rows = v.reshape(-1, v.shape[-1])
+        src.values.append(rows)
+        if src.bank is not None:
+            src.bank[slot].copy_(rows)
+        vv = rows.to(keys.dtype)
+        # the mean square in one pass (square().mean() writes and re-reads a temporary of v's size)
+        inv = torch.rsqrt(torch.linalg.vector_norm(vv, dim=-1, keepdim=True).square() / vv.shape[-1] + eps)
+        # thin operand first (modules/skinny.py: v @ k^T with few keys is several times slower on the CPU)
+        torch.mul((keys[first:] @ vv.t()).t(), inv, out=src.logits[:, slot, first:])
+        ctx.src, ctx.slot, ctx.first, ctx.shape = src, slot, first, v.shape
+        ctx.save_for_backward(keys, inv)
+        return v.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        keys, inv = ctx.saved_tensors
+        src, s, f = ctx.src, ctx.slot, ctx.first
+        v = src.values[s]
+        grad, src.grad_values[s] = src.grad_values[s], None
+        vv = v.to(keys.dtype)
+        glg = src.grad_logits_()[:, s, f:]
+        scaled = glg * inv  # d / d (v . k_q)
+        # d(1/rms)/dv = -v / (C rms^3): a per-token multiple of v, added to the key product's gradient
+        coef = (glg * src.logits[:, s, f:]).sum(-1, keepdim=True) * inv.square() / -v.shape[-1]
+        if grad is not None and grad.dtype == vv.dtype:  # in place: a fresh (tokens, C) tensor faults its pages
+            grad_v = grad.addcmul_(vv, coef).addmm_(scaled, keys[f:])
+        else:
+            grad_v = (vv * coef).addmm_(scaled, keys[f:]).to(v.dtype)
+            grad_v = grad_v if grad is None else grad.add_(grad_v)
+        grad_keys = None
+        if ctx.needs_input_grad[1]:
+            grad_keys = keys.new_zeros(keys.shape)
+            torch.mm(scaled.t(), vv, out=grad_keys[f:])
+        glg.zero_()  # consumed: a second backward through the same graph (retain_graph) starts from zero
+        return grad_v.view(ctx.shape), grad_keys, None, None, None
+
+
+class _Read(torch.autograd.Function):
+    """h = sum_s softmax_s(logits[:, s, q]) v_s over the first ``slots`` completed blocks (and the partial sum p
+    with its logit, if given), as one running multiply-add in place (or one batched product over the bank);
+    backward accumulates each block's gradient in place (see _Store)."""
+
+    @staticmethod
+    def forward(ctx, src: _Sources, query: int, slots: int, partial, partial_logit, *handles):
+        logits = src.logits[:, :slots, query]
+        if partial is not None:
+            logits = torch.cat([logits, partial_logit.unsqueeze(-1)], 1)
+        weights = logits.softmax(-1)
+        values = src.values
+        if src.bank is not None:
+            out = torch.bmm(weights[:, None, :slots].to(values[0].dtype), src.bank[:slots].transpose(0, 1))[:, 0]
+            wt = weights.t().to(values[0].dtype).unsqueeze(-1) if partial is not None else None
+        else:
+            wt = weights.t().to(values[0].dtype).unsqueeze(-1)  # (sources, tokens, 1)
+            out = values[0] * wt[0]
+            for i in range(1, slots):  # in place where the dtypes allow (a fresh tensor per source is slower)
+                same = torch.promote_types(out.dtype, values[i].dtype) == out.dtype
+                out = out.addcmul_(values[i], wt[i]) if same else out.addcmul(values[i], wt[i])
+        if partial is not None:
+            out = torch.addcmul(out, partial, wt[slots])
+        ctx.src, ctx.query, ctx.slots, ctx.handles = src, query, slots, len(handles)
+        ctx.save_for_backward(weights, wt, partial)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        weights, wt, partial = ctx.saved_tensors
+        src, q, k = ctx.src, ctx.query, ctx.slots
+        grad = grad.contiguous()
+        sources = src.values[:k] + ([partial] if partial is not None else [])
+        # g . v_s per token through one reused product buffer: a fresh (tokens, C) temporary per source costs
+        # more than the product (first-touch page faults of the allocation, measured 0.6 ms at 1024 x 256)
+        if src.scratch is None or src.scratch.shape != grad.shape or src.scratch.dtype != grad.dtype:
+            src.scratch = torch.empty_like(grad)  # one per forward pass, reused by every read's backward
+        tmp, gw = src.scratch, grad.new_empty(len(sources), grad.shape[0])
+        for s, v in enumerate(sources):
+            if v.dtype == grad.dtype:
+                torch.sum(torch.mul(grad, v, out=tmp), -1, out=gw[s])
+            else:
+                gw[s] = torch.linalg.vecdot(grad, v.to(grad.dtype))
+        gw = gw.t().to(weights.dtype)
+        glg = weights * (gw - (weights * gw).sum(-1, keepdim=True))  # softmax backward
+        src.grad_logits_()[:, :k, q] += glg[:, :k]
+        for s in range(k):
+            acc = src.grad_values[s]
+            if acc is None:
+                src.grad_values[s] = grad * wt[s]
+            else:
+                acc.addcmul_(grad, wt[s])
+        grad_partial = grad_partial_logit = None
+        if partial is not None:
+            grad_partial, grad_partial_logit = grad * wt[k], glg[:, k]
+        return (None, None, None, grad_partial, grad_partial_logit) + (None,) * ctx.handles
+
+
 @dataclass
 class AttnResState:
     """The sources of one stack for one forward pass: completed blocks (b_0 = embedding first), the current
-    block's partial sum and how many outputs it holds; per completed block its logits for every later query
-    (float32, ``block_logits``) and the index of its first query (``block_first``); ``written``: the outputs
-    recorded so far."""
+    block's partial sum and how many outputs it holds; ``written``: the outputs recorded so far. The completed
+    blocks are also copied side by side into ``bank`` with their logits for every later query (see _Store);
+    ``handles`` ties each read to the blocks it reads (autograd order); ``keys`` = w * g for every query."""
 
     blocks: list = field(default_factory=list)
-    block_logits: list = field(default_factory=list)
-    block_first: list = field(default_factory=list)
     partial: Tensor | None = None
     count: int = 0
     written: int = 0
+    sources: _Sources | None = None
+    handles: list = field(default_factory=list)
+    keys: Tensor | None = None
 
 
 class AttentionResiduals(nn.Module):
@@ -84,46 +236,38 @@ class AttentionResiduals(nn.Module):
         self.queries = nn.Parameter(torch.zeros(num_sublayers + 1, embed_dim))  # w_1..w_L, then the output's
         self.key_gains = nn.Parameter(torch.ones(num_sublayers + 1, embed_dim))  # RMSNorm gains on the keys
 
-    def _keys(self, first: int, last: int, acc: torch.dtype) -> Tensor:
-        """w_l * g_l for queries first..last - 1, (queries, C)."""
-        return (self.queries[first:last] * self.key_gains[first:last]).to(acc)
-
-    def _logits(self, v: Tensor, first: int, last: int) -> Tensor:
-        """w_l^T RMSNorm_l(v) for queries first..last - 1: (..., queries), float32 at least."""
-        acc = torch.promote_types(v.dtype, torch.float32)
-        # autocast (the plugin's --autocast-dtype) would run these products in half precision
-        with torch.autocast(v.device.type, enabled=False):
-            v = v.to(acc)
-            return (v @ self._keys(first, last, acc).t()) / torch.sqrt(v.square().mean(-1, keepdim=True) + self.eps)
-
     def _add_block(self, state: AttnResState, block: Tensor) -> None:
         # a completed block is a source of every later query, and its values never change: its logits for
         # all of them in one product (read once, one GEMM) instead of one matrix-vector product per read
+        # (autocast, the plugin's --autocast-dtype, would run the logits in half precision)
+        with autocast_off(block.device.type):
+            handle = call(_Store, block, state.keys, state.sources, state.written, self.eps)
         state.blocks.append(block)
-        state.block_logits.append(self._logits(block, state.written, self.num_sublayers + 1))
-        state.block_first.append(state.written)
+        state.handles.append(handle)
 
     def start(self, embedding: Tensor) -> AttnResState:
-        state = AttnResState()
+        acc = torch.promote_types(embedding.dtype, torch.float32)
+        tokens = embedding.numel() // embedding.shape[-1]
+        slots = 1 + self.num_sublayers // self.block_size
+        with autocast_off(embedding.device.type):
+            keys = (self.queries * self.key_gains).to(acc)
+        sources = _Sources(tokens, slots, self.num_sublayers + 1, embedding, acc, not torch.is_grad_enabled())
+        state = AttnResState(sources=sources, keys=keys)
         self._add_block(state, embedding)
         return state
 
     def read(self, index: int, state: AttnResState) -> Tensor:
         """sum_i alpha_{i->l} v_i over the current sources, with query ``index`` (L = the stack output's)."""
-        values = list(state.blocks)
-        logits = [lg[..., index - first] for lg, first in zip(state.block_logits, state.block_first)]
-        if state.partial is not None:
-            values.append(state.partial)
-            logits.append(self._logits(state.partial, index, index + 1)[..., 0])
-        # autocast (the plugin's --autocast-dtype) would run the softmax in half precision
-        with torch.autocast(values[0].device.type, enabled=False):
-            weights = torch.stack(logits).softmax(0).to(values[0].dtype).unsqueeze(-1)  # (sources, seq, batch, 1)
-        # a running sum instead of one product with the stacked sources: stacking would copy every source
-        # at every read and keep the copy for backward (O(L^2) activations); addcmul keeps references only
-        out = weights[0] * values[0]
-        for w, v in zip(weights[1:], values[1:]):
-            out = torch.addcmul(out, w, v)
-        return out
+        shape = state.blocks[0].shape
+        partial = partial_logit = None
+        # autocast (the plugin's --autocast-dtype) would run the logits, softmax and products in half precision
+        with autocast_off(state.blocks[0].device.type):
+            if state.partial is not None:
+                partial = state.partial.reshape(-1, shape[-1])
+                p = partial.to(state.keys.dtype)
+                partial_logit = (p @ state.keys[index]) * torch.rsqrt(p.square().mean(-1) + self.eps)
+            out = call(_Read, state.sources, index, len(state.blocks), partial, partial_logit, *state.handles)
+        return out.view(shape)
 
     def write(self, state: AttnResState, out: Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out

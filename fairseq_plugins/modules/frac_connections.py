@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attn_res import autocast_off
 from .skinny import skinny_matmul
 
 SCALE_INIT = 0.01
@@ -81,21 +82,43 @@ class FracConnection(nn.Module):
         if not self.dynamic:
             return ya, beta
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
-        with torch.autocast(frac.device.type, enabled=False):
+        with autocast_off(frac.device.type):
             hbar = F.layer_norm(frac.to(acc), (self.width,), self.norm_weight.to(acc), self.norm_bias.to(acc))
-            gates = torch.tanh(skinny_matmul(hbar, self.dynamic_weight.to(acc)))  # (tokens, m, 2m + 1)
+            w = self.dynamic_weight.to(acc)
+            if torch.is_grad_enabled():
+                gates = skinny_matmul(hbar, w)
+            else:  # the thin operand first (modules/skinny.py) without its autograd function
+                gates = (w.t() @ hbar.reshape(-1, self.width).t()).t().reshape(*hbar.shape[:-1], -1)
+            gates = torch.tanh(gates)  # (tokens, m, 2m + 1)
         # fused multiply-adds: each is one operator (decoding runs dozens of these tiny operators per step)
         ya = torch.addcmul(ya, self.alpha_scale.to(acc), gates[..., :-1])
         beta = torch.addcmul(beta, self.beta_scale.to(acc), gates[..., -1])
         return ya, beta
 
+    def _decode(self, x: Tensor, sublayer) -> Tensor:
+        """forward without autograd and autocast for float32 dynamic units: the same operators without the
+        dtype casts and context switches, which at decoding's 80 tokens cost as much as the arithmetic."""
+        m, d = self.fracs, self.width
+        frac = x.reshape(-1, m, d)
+        hbar = F.layer_norm(frac, (d,), self.norm_weight, self.norm_bias)
+        gates = torch.tanh((self.dynamic_weight.t() @ hbar.reshape(-1, d).t()).t()).reshape(-1, m, 2 * m + 1)
+        gates_ya, gates_beta = gates.split(2 * m, -1)
+        ya = torch.addcmul(self.static_ya, self.alpha_scale, gates_ya)
+        beta = torch.addcmul(self.static_beta.unsqueeze(-1), self.beta_scale, gates_beta)  # (tokens, m, 1)
+        branch, mixed = torch.bmm(ya.transpose(1, 2), frac).split(m, 1)
+        out = sublayer(branch.reshape(x.shape)).reshape(-1, m, d)
+        return torch.addcmul(mixed, beta, out).reshape(x.shape)
+
     def forward(self, x: Tensor, sublayer) -> Tensor:
+        if (not torch.is_grad_enabled() and self.dynamic and x.dtype == torch.float32
+                and self.dynamic_weight.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type)):
+            return self._decode(x, sublayer)
         m = self.fracs
         frac = x.reshape(-1, m, self.width)  # (tokens, m, C/m)
         ya, beta = (c.to(x.dtype) for c in self.coefficients(frac))
         # A^T H is the residual path: under autocast it keeps the state's dtype (float32, as the plugin's
         # residual stream does by promotion) instead of being rounded to half at every sublayer
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             if ya.dim() == 2:  # static: the same matrices for every token
                 mixed = torch.einsum("ji,tjd->tid", ya, frac)
             else:

@@ -47,7 +47,81 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attn_res import autocast_off, call
+from .skinny import skinny_matmul
+
 RMS_EPS = 1e-6
+
+
+class _Outputs:
+    """X_0 .. X_i of one forward pass side by side, ``bank`` (slots, tokens, D), so that a connection's
+    aggregation is one batched product (N, ways, i+1) x (N, i+1, D) instead of i + 1 multiply-adds over
+    (N, ways, D); in backward the gradients of the slots, accumulated in place by the connections (``grad``,
+    its first ``grad_rows`` slots written)."""
+
+    def __init__(self, slots: int, like: Tensor):
+        self.bank = like.new_empty(slots, like.numel() // like.shape[-1], like.shape[-1])
+        self.count = 0
+        self.handles: list[Tensor] = []
+        self.grad: Tensor | None = None
+        self.grad_rows = 0
+        self.consumed = 0  # slots whose gradient _Keep handed back in this backward
+
+
+class _Keep(torch.autograd.Function):
+    """Copies X_i into the bank; returns a handle (an empty tensor) that every later aggregation takes as
+    input, so that autograd runs this backward after all of theirs, when the bank holds X_i's whole gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, outs: _Outputs) -> Tensor:
+        ctx.outs, ctx.slot, ctx.shape = outs, outs.count, x.shape
+        outs.bank[outs.count].copy_(x.reshape(outs.bank.shape[1:]))
+        outs.count += 1
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        outs, s = ctx.outs, ctx.slot
+        if outs.grad is None or s >= outs.grad_rows:
+            grad = outs.bank.new_zeros(ctx.shape)
+        else:
+            # a copy: autograd may keep the tensor itself as a leaf's .grad, which must not alias the bank (a
+            # second backward through the same graph, retain_graph, rewrites the bank)
+            grad = outs.grad[s].clone().view(ctx.shape)
+        outs.consumed += 1
+        if outs.consumed == outs.count:  # every slot handed back: a second backward (retain_graph) writes anew
+            outs.grad_rows, outs.consumed = 0, 0
+        return grad, None
+
+
+class _Aggregate(torch.autograd.Function):
+    """Xbar (N, ways, D) = A (N, ways, k) X (N, k, D) over the bank's first k slots; backward accumulates
+    A^T g into the bank's gradient in place (one tensor for all slots instead of one per slot and reader)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, outs: _Outputs, *handles) -> Tensor:
+        k = a.shape[-1]
+        ctx.outs, ctx.handles = outs, len(handles)
+        ctx.save_for_backward(a)
+        return torch.bmm(a, outs.bank[:k].transpose(0, 1))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (a,) = ctx.saved_tensors
+        outs, k = ctx.outs, a.shape[-1]
+        grad = grad.contiguous()
+        grad_a = torch.bmm(grad, outs.bank[:k].permute(1, 2, 0))
+        if outs.grad is None:
+            outs.grad = torch.empty_like(outs.bank)
+        g = outs.grad[:k].transpose(0, 1)  # (N, k, D)
+        at = a.transpose(1, 2)
+        done = min(outs.grad_rows, k)
+        if done:
+            g[:, :done].baddbmm_(at[:, :done], grad)
+        if done < k:  # slots no aggregation has reached yet: written (beta = 0 ignores the empty memory)
+            g[:, done:].baddbmm_(at[:, done:], grad, beta=0)
+            outs.grad_rows = k
+        return (grad_a, None) + (None,) * ctx.handles
 
 
 class DenseConnection(nn.Module):
@@ -66,18 +140,38 @@ class DenseConnection(nn.Module):
         """A_i (seq_len, batch, ways, i + 1), float32 at least."""
         acc = x.to(torch.promote_types(x.dtype, torch.float32))
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
-        with torch.autocast(x.device.type, enabled=False):
-            normed = acc * torch.rsqrt(acc.square().mean(-1, keepdim=True) + self.eps)
-            dynamic = F.gelu(normed @ self.w1.to(acc.dtype)) @ self.w2.to(acc.dtype)
+        with autocast_off(x.device.type):
+            # the mean square in one pass (square().mean() writes and re-reads an x-sized temporary)
+            scale = torch.rsqrt(torch.linalg.vector_norm(acc, dim=-1, keepdim=True).square() / acc.shape[-1] + self.eps)
+            w1 = self.w1.to(acc.dtype)
+            # RMSNorm(x) W1 with the thin W1 first (modules/skinny.py; without autograd the product alone)
+            if torch.is_grad_enabled():
+                hidden = skinny_matmul(acc, w1)
+            else:
+                hidden = (w1.t() @ acc.reshape(-1, acc.shape[-1]).t()).t().reshape(*acc.shape[:-1], -1)
+            hidden = hidden * scale
+            dynamic = F.gelu(hidden) @ self.w2.to(acc.dtype)
         return dynamic.view(*x.shape[:-1], self.ways, self.index + 1) + self.static.to(acc.dtype)
 
     def forward(self, outputs: list) -> tuple:
-        a = self.weights(outputs[-1]).to(outputs[-1].dtype).unsqueeze(-1)  # (seq_len, batch, ways, i + 1, 1)
-        # a running sum over the block outputs: a stacked copy per connection would be kept for backward
-        mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
-        for j in range(1, self.index + 1):
-            mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
-        return tuple(mixed.unbind(-2))
+        last = outputs[-1]
+        a = self.weights(last).to(last.dtype)  # (seq_len, batch, ways, i + 1)
+        outs = getattr(outputs, "outs", None)
+        if outs is None:  # a plain list of the block outputs: a running sum (no stacked copy kept for backward)
+            a = a.unsqueeze(-1)
+            mixed = a[..., 0, :] * outputs[0].unsqueeze(-2)  # (seq_len, batch, ways, D)
+            for j in range(1, self.index + 1):
+                mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
+            return tuple(mixed.unbind(-2))
+        with autocast_off(last.device.type):  # in the outputs' dtype, as the running sum
+            mixed = call(_Aggregate, a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outs.handles)
+        return tuple(mixed.view(*last.shape[:-1], self.ways, last.shape[-1]).unbind(-2))
+
+
+class _State(list):
+    """The block outputs X_0 .. X_i recorded so far (a list), with their bank (``outs``)."""
+
+    outs: _Outputs
 
 
 class MultiwayDenseConnections(nn.Module):
@@ -109,11 +203,16 @@ class MultiwayDenseConnections(nn.Module):
         self.connections = nn.ModuleList(connections)
 
     def start(self, x0: Tensor) -> tuple[list, tuple]:
-        return [x0], (x0,) * self.ways
+        state = _State([x0])
+        state.outs = _Outputs(self.num_layers + 1, x0)
+        state.outs.handles.append(call(_Keep, x0, state.outs))
+        return state, (x0,) * self.ways
 
     def forward(self, index: int, state: list, output: Tensor) -> tuple:
         """Records X_index (1-based block index) and returns the ways for block index + 1 (or Xbar_L^R)."""
         if not 1 <= index <= self.num_layers or len(state) != index:
             raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
         state.append(output)
+        if isinstance(state, _State):
+            state.outs.handles.append(call(_Keep, output, state.outs))
         return self.connections[index - 1](state)
