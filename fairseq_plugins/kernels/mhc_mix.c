@@ -74,7 +74,7 @@ enum { MB_X, MB_COEF, MB_GRAD_U, MB_GRAD_MIXED, MB_GRAD_X, MB_GRAD_COEF, MIX_BAC
 #define MIN_MIX_WORK_PER_THREAD ((int64_t)1 << 18) /* floats of streams: decoding's 80 tokens stay on one */
 
 /* the dims (as check_dims) and every buffer present with its exact length: streams-sized (T n C), u-sized
- * (T C) or coefficient-sized (K T), per `kinds` ('s', 'u', 'k') */
+ * (T C), coefficient-sized (K T) or H_post-sized (n T), per `kinds` ('s', 'u', 'k', 'p'; mhc_post.c too) */
 static int check_mix(const int64_t *dims, void *const *bufs, const int64_t *sizes, int64_t count, const char *kinds) {
     int64_t n = dims[MIX_N], T = dims[MIX_TOKENS], C = dims[MIX_WIDTH];
     const int ok[MIX_DIMS] = {
@@ -90,8 +90,9 @@ static int check_mix(const int64_t *dims, void *const *bufs, const int64_t *size
     int64_t tn, tnc; /* T n C can reach 2^63 within the bounds above: a size that overflows fits no buffer */
     if (__builtin_mul_overflow(T, n, &tn) || __builtin_mul_overflow(tn, C, &tnc) || tnc > INT64_MAX / 8)
         return MHC_BAD_BUFFER;
-    for (int k = 0; k < want; k++) { /* T C and K T are below T n C and 2^40 */
-        int64_t size = kinds[k] == 's' ? tnc : kinds[k] == 'u' ? T * C : (2 * n + n * n) * T;
+    for (int k = 0; k < want; k++) { /* T C, K T and n T are below T n C and 2^40 */
+        char kind = kinds[k];
+        int64_t size = kind == 's' ? tnc : kind == 'u' ? T * C : kind == 'p' ? n * T : (2 * n + n * n) * T;
         if (!bufs[k] || sizes[k] != size) return MHC_BAD_BUFFER + k;
     }
     return MHC_OK;

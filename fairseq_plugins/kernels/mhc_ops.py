@@ -193,3 +193,67 @@ def mix(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
     if torch.is_grad_enabled() and (x.requires_grad or coef.requires_grad):
         return MixFunction.apply(x, coef, n)
     return mhc_kernel.mix_forward(x, coef, n)
+
+
+# the depth connection new = mixed + H_post^T out (kernels/mhc_post.c), the same way
+mhc_post = torch.library.custom_op("fairseq_plugins::mhc_post", mutates_args=(), device_types="cpu")(
+    mhc_kernel.post_forward
+)
+
+
+@mhc_post.register_fake
+def _(mixed, post, out, n):
+    reason = mhc_kernel.check_post(mixed, post, out, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    return torch.empty_like(mixed)
+
+
+mhc_post_backward = torch.library.custom_op("fairseq_plugins::mhc_post_backward", mutates_args=(),
+                                            device_types="cpu")(mhc_kernel.post_backward)  # fmt: skip
+
+
+@mhc_post_backward.register_fake
+def _(grad, post, out, n):
+    return torch.empty_like(post), torch.empty_like(out)
+
+
+def _post_setup_context(ctx, inputs, output):
+    ctx.n = inputs[3]
+    ctx.save_for_backward(*inputs[1:3])  # post, out: mixed is not needed
+
+
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+def _post_backward(ctx, grad):
+    post, out = ctx.saved_tensors
+    kernel = mhc_kernel.post_backward if getattr(ctx, "eager", False) else mhc_post_backward
+    grad_post, grad_out = kernel(grad, post, out, ctx.n)
+    return grad, grad_post, grad_out, None
+
+
+mhc_post.register_autograd(_post_backward, setup_context=_post_setup_context)
+
+
+class PostFunction(torch.autograd.Function):
+    """mhc_post's forward and backward in eager autograd, without the operator dispatch."""
+
+    @staticmethod
+    def forward(ctx, mixed, post, out, n):
+        new = mhc_kernel.post_forward(mixed, post, out, n)
+        _post_setup_context(ctx, (mixed, post, out, n), new)
+        ctx.eager = True
+        return new
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _post_backward(ctx, grad)
+
+
+def post_add(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """mixed + H_post^T out (tokens, n, C) by the kernel, for inputs that ``usable_post`` accepts: mixed (tokens,
+    n, C), post (n, tokens), out (tokens, C)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return mhc_post(mixed, post, out, n)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (mixed, post, out)):
+        return PostFunction.apply(mixed, post, out, n)
+    return mhc_kernel.post_forward(mixed, post, out, n)

@@ -225,7 +225,7 @@ class ManifoldHyperConnection(nn.Module):
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(streams.device.type, enabled=False):
             v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
-            if not torch.is_grad_enabled() and self.residual == "sinkhorn":
+            if not torch.is_grad_enabled():
                 decoded = self._coefficients_kernel(v)
                 if decoded is not None:
                     return decoded
@@ -254,12 +254,13 @@ class ManifoldHyperConnection(nn.Module):
         return pre, post, res, None
 
     def _coefficients_kernel(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c; a decoding
-        step's dozen small operator calls cost more than their arithmetic), or None where it does not run."""
-        n, params = self.rate, (self.gain, self.phi, self.bias, self.gates)
-        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters):
+        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c, mHC and mHC-lite;
+        a decoding step's dozen small operator calls cost more than their arithmetic), or None where it does not
+        run."""
+        n, params, lite = self.rate, (self.gain, self.phi, self.bias, self.gates), self.residual == "permutations"
+        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters, lite):
             return None
-        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps)
+        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps, lite)
         if not ok:  # the log domain: out holds the logits
             out = gates_pytorch(out, n, self.iters)
         return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
@@ -284,6 +285,16 @@ class ManifoldHyperConnection(nn.Module):
                 # cat also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
                 mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
                 u, mixed = torch.bmm(mix, flat).split([1, n], 1)
-        out = sublayer(u.view(*lead, dim)).reshape(-1, 1, dim).to(flat.dtype)
+        out = sublayer(u.view(*lead, dim)).reshape(-1, dim).to(flat.dtype)
         with torch.autocast(streams.device.type, enabled=False):
-            return post_add(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)
+            return depth_connection(mixed, post.to(streams.dtype), out, self.rate).view(*lead, n, dim)
+
+
+def depth_connection(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """H_res x + H_post^T F per token (tokens, n, C), for mixed = H_res x (tokens, n, C), post = H_post
+    (n, tokens) tokens last and the branch output out (tokens, C); also hyper-connections' depth connection. The
+    fused kernel (kernels/mhc_post.c) where it runs: PyTorch's backward is two bmm of one (n, C) x (C, 1) and
+    one (1, n) x (n, C) product per token, whose time is the per-matrix overhead."""
+    if mhc_kernel.usable_post(mixed, post, out, n):
+        return mhc_ops.post_add(mixed, post, out, n)
+    return post_add(mixed, post.t().unsqueeze(-1), out.unsqueeze(1))
