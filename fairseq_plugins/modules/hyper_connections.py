@@ -36,6 +36,10 @@ from .mhc import depth_connection
 from .skinny import post_add, skinny_matmul
 
 MODES = ("static", "dynamic")
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 DYNAMIC_SCALE_INIT = 0.01
 
 
@@ -100,10 +104,12 @@ class HyperConnection(nn.Module):
         A_r[j, i] at row 2n + i n + j. In PyTorch each is a bmm of one tiny matrix per token (forward and two
         backward), whose time is the per-matrix overhead, not the arithmetic."""
         tokens, n, dim = flat.size(0), self.rate, flat.size(2)
-        if self.dynamic and not torch.is_grad_enabled():
-            # decoding: LayerNorm, product, tanh and scales in one call (kernels/hc_coef.c)
+        norm = self.norm if self.dynamic else None
+        # decoding: LayerNorm, product, tanh and scales in one call (kernels/hc_coef.c); the norm axis may have
+        # replaced the LayerNorm (RMSNorm, DyT, ...): those take the PyTorch code, as tracing does (the direct
+        # kernel calls are no operators a trace could record)
+        if type(norm) is nn.LayerNorm and norm.bias is not None and not torch.is_grad_enabled() and not _tracing():
             static, scales, w = self._decoding_parameters(flat.dtype)
-            norm = self.norm
             if mhc_kernel.usable_hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n):
                 coef = mhc_kernel.hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n, norm.eps)
                 h_in, mixed = mhc_kernel.mix_forward(flat, coef, n)

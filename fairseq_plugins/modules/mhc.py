@@ -225,7 +225,8 @@ class ManifoldHyperConnection(nn.Module):
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
         with torch.autocast(streams.device.type, enabled=False):
             v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
-            if not torch.is_grad_enabled():
+            # the direct kernel call is no operator: tracing and compilation take the operators below
+            if not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
                 decoded = self._coefficients_kernel(v)
                 if decoded is not None:
                     return decoded
