@@ -7,7 +7,8 @@
  * _forward_kernels): out (K, T), K = n (n + 2), row o n + j, tokens last, as mHC's mixing and depth kernels
  * read it. In PyTorch a decoding step's dozen small operators (LayerNorm of the n streams, the thin product,
  * tanh, the scales, the reordering) cost more than their arithmetic; here one pass over each stream row, which
- * stays in L1. LayerNorm as PyTorch's: mean, then the mean of squared deviations (float32 rounding apart).
+ * stays in L1 (Hbar is never stored). LayerNorm as PyTorch's: mean, then the mean of squared deviations
+ * (float32 rounding apart).
  *
  * Layout: x (T, n, C) token-major, g and b (C), w (n + 2, C), static and scale (K), out (K, T).
  */
@@ -36,27 +37,46 @@ static int check_hc(const int64_t *dims, void *const *bufs, const int64_t *sizes
 
 static void hc_rows(const float *restrict x, const float *restrict g, const float *restrict b,
                     const float *restrict w, const float *restrict stat, const float *restrict scale,
-                    float *restrict out, int64_t T, int n, int64_t C, float eps, float *restrict hbar, int64_t t0,
-                    int64_t t1) {
+                    float *restrict out, int64_t T, int n, int64_t C, float eps, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++)
         for (int j = 0; j < n; j++) {
             const float *row = x + (t * n + j) * C;
-            float mean = 0.0f, var = 0.0f;
-            vec s = {0};
+            vec s = {0}, acc[MAX_N + 2];
+            float mean = 0.0f, var = 0.0f, tail[MAX_N + 2] = {0};
             int64_t c = 0;
             for (; c + LANES <= C; c += LANES) s += load(row + c, LANES, 0.0f);
             for (int l = 0; l < LANES; l++) mean += s[l];
             for (; c < C; c++) mean += row[c];
             mean /= (float)C;
-            for (c = 0; c < C; c++) hbar[c] = row[c] - mean;
-            var = dot(hbar, hbar, C) / (float)C;
-            float rstd = 1.0f / sqrtf(var + eps);
-            for (c = 0; c < C; c++) hbar[c] = hbar[c] * rstd * g[c] + b[c];
+            s = (vec){0};
+            for (c = 0; c + LANES <= C; c += LANES) {
+                vec d = load(row + c, LANES, 0.0f) - mean;
+                s += d * d;
+            }
+            for (int l = 0; l < LANES; l++) var += s[l];
+            for (; c < C; c++) var += (row[c] - mean) * (row[c] - mean);
+            float rstd = 1.0f / sqrtf(var / (float)C + eps);
+            /* Hbar and its n + 2 products in one pass (Hbar never stored), in LANES partial sums each */
+            for (int o = 0; o < n + 2; o++) acc[o] = (vec){0};
+            for (c = 0; c + LANES <= C; c += LANES) {
+                vec h = (load(row + c, LANES, 0.0f) - mean) * rstd * load(g + c, LANES, 0.0f);
+                h += load(b + c, LANES, 0.0f);
+                for (int o = 0; o < n + 2; o++) acc[o] += h * load(w + o * C + c, LANES, 0.0f);
+            }
+            for (; c < C; c++) {
+                float h = (row[c] - mean) * rstd * g[c] + b[c];
+                for (int o = 0; o < n + 2; o++) tail[o] += h * w[o * C + c];
+            }
             for (int o = 0; o < n + 2; o++) {
-                int k = o * n + j;
-                out[k * T + t] = stat[k] + scale[k] * tanhf(dot(hbar, w + o * C, C));
+                float z = tail[o];
+                for (int l = 0; l < LANES; l++) z += acc[o][l];
+                out[(o * n + j) * T + t] = z;
             }
         }
+    /* libm's tanhf, not a vectorised polynomial: one within 2 ulp moved the golden checkpoints' scores by 4 ulp
+     * (tests/test_golden_models.py holds them to 1e-6); tanhf kept them, at about 10 us of a decoding call */
+    for (int k = 0; k < n * (n + 2); k++)
+        for (int64_t t = t0; t < t1; t++) out[k * T + t] = stat[k] + scale[k] * tanhf(out[k * T + t]);
 }
 
 /* out (K, T) of the streams x (T, n, C). dims: n, tokens, C, threads; eps: the LayerNorm's. */
@@ -65,17 +85,11 @@ int hc_coefficients(const int64_t *dims, float eps, void *const *bufs, const int
     if (err) return err;
     int n = (int)dims[HC_N], threads = mix_threads(dims); /* HC_* dims are MIX_*'s first four */
     int64_t T = dims[HC_TOKENS], C = dims[HC_WIDTH];
-    int status = MHC_OK;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(min : status)
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int id = THREAD_ID, all = THREAD_COUNT;
-        float *hbar = malloc(sizeof(float) * (size_t)C);
-        if (!hbar)
-            status = MHC_NO_MEMORY;
-        else
-            hc_rows(bufs[HC_X], bufs[HC_G], bufs[HC_B], bufs[HC_W], bufs[HC_STATIC], bufs[HC_SCALE], bufs[HC_OUT], T,
-                    n, C, eps, hbar, T * id / all, T * (id + 1) / all);
-        free(hbar);
+        hc_rows(bufs[HC_X], bufs[HC_G], bufs[HC_B], bufs[HC_W], bufs[HC_STATIC], bufs[HC_SCALE], bufs[HC_OUT], T, n, C,
+                eps, T * id / all, T * (id + 1) / all);
     }
-    return status;
+    return MHC_OK;
 }

@@ -306,16 +306,19 @@ def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates
 
 
 def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
-                 eps: float, permutations: bool = False) -> tuple[Tensor, bool]:  # fmt: skip
+                 eps: float, permutations: bool = False, weight: Tensor | None = None) -> tuple[Tensor, bool]:  # fmt: skip
     """Without autograd: (out, True) with out = [H_pre; H_post; H_res] (2n + n^2, tokens) of the streams v
     (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain (mHC only;
     mHC-lite, ``permutations``, has no iteration). The product with gain phi is torch's (MKL), the rest one
-    kernel call."""
+    kernel call; ``weight``: (gain phi)^T already computed (the caller keeps it while the parameters are
+    unchanged)."""
     reason = check_coefficients(v, gain, phi, bias, gates, n, iters, permutations)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     v = v.detach().contiguous()
-    raw = torch.mm((phi.detach() * gain.detach().unsqueeze(-1)).t(), v.t())  # (K, tokens), contiguous
+    if weight is None or weight.shape != phi.shape[::-1] or weight.dtype != v.dtype:
+        weight = (phi.detach() * gain.detach().unsqueeze(-1)).t()
+    raw = torch.mm(weight, v.t())  # (K, tokens), contiguous
     buffers = [v, raw, bias.detach().contiguous(), gates.detach().contiguous()]
     out = v.new_empty(2 * n + n * n, v.size(0))
     lib = _library_or_raise()
