@@ -44,8 +44,18 @@ static void mix_tokens(const float *restrict x, const float *restrict coef, floa
     }
 }
 
+/* the LANES partial sums of dot(), finished as dot() finishes them (lanes in order, then the tail) */
+static inline INLINE float finish(vec s, const float *a, const float *b, int64_t c, int64_t C) {
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++) total += s[l];
+    for (; c < C; c++) total += a[c] * b[c];
+    return total;
+}
+
 /* grad_x = H_pre^T grad_u + H_res^T grad_mixed; grad_coef: H_pre's rows sum_c grad_u x_j, H_res's
- * sum_c grad_mixed_i x_j, H_post's zero */
+ * sum_c grad_mixed_i x_j, H_post's zero. Per stream j one pass over C computes grad_x_j and the n + 1 dot
+ * products with x_j together: n + 1 independent chains of vector additions (one dot at a time, each waited on
+ * its own additions' latency: most of the backward's time before), each summed as dot() sums */
 static void mix_backward_tokens(const float *restrict x, const float *restrict coef, const float *restrict grad_u,
                                 const float *restrict grad_mixed, float *restrict grad_x, float *restrict grad_coef,
                                 int64_t T, int n, int64_t C, int64_t t0, int64_t t1) {
@@ -54,15 +64,30 @@ static void mix_backward_tokens(const float *restrict x, const float *restrict c
         const float *xt = x + t * n * C, *gu = grad_u + t * C, *gm = grad_mixed + t * n * C;
         mix_matrix(coef, T, n, t, w);
         for (int j = 0; j < n; j++) {
+            const float *xj = xt + j * C;
             float *restrict gx = grad_x + (t * n + j) * C;
-            for (int64_t c = 0; c < C; c++) gx[c] = w[j] * gu[c];
-            for (int i = 0; i < n; i++) {
-                float wij = w[n + i * n + j];
-                for (int64_t c = 0; c < C; c++) gx[c] += wij * gm[i * C + c];
+            vec acc[MAX_N + 1];
+            for (int i = 0; i <= n; i++) acc[i] = (vec){0};
+            int64_t c = 0;
+            for (; c + LANES <= C; c += LANES) {
+                vec xv = load(xj + c, LANES, 0.0f), g = load(gu + c, LANES, 0.0f);
+                vec sum = w[j] * g;
+                acc[0] += g * xv;
+                for (int i = 0; i < n; i++) {
+                    vec gi = load(gm + i * C + c, LANES, 0.0f);
+                    sum += w[n + i * n + j] * gi;
+                    acc[1 + i] += gi * xv;
+                }
+                store(gx + c, sum, LANES);
             }
-            grad_coef[j * T + t] = dot(gu, xt + j * C, C);
+            for (int64_t r = c; r < C; r++) {
+                float sum = w[j] * gu[r];
+                for (int i = 0; i < n; i++) sum += w[n + i * n + j] * gm[i * C + r];
+                gx[r] = sum;
+            }
+            grad_coef[j * T + t] = finish(acc[0], gu, xj, c, C);
             grad_coef[(n + j) * T + t] = 0.0f;
-            for (int i = 0; i < n; i++) grad_coef[(2 * n + i * n + j) * T + t] = dot(gm + i * C, xt + j * C, C);
+            for (int i = 0; i < n; i++) grad_coef[(2 * n + i * n + j) * T + t] = finish(acc[1 + i], gm + i * C, xj, c, C);
         }
     }
 }

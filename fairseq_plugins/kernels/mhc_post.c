@@ -23,18 +23,33 @@ static void post_tokens(const float *restrict mixed, const float *restrict post,
     }
 }
 
+/* grad_out and the n dot products with out in one pass over C (independent chains, summed as dot() sums) */
 static void post_backward_tokens(const float *restrict grad, const float *restrict post, const float *restrict out,
                                  float *restrict grad_post, float *restrict grad_out, int64_t T, int n, int64_t C,
                                  int64_t t0, int64_t t1) {
+    float p[MAX_N];
     for (int64_t t = t0; t < t1; t++) {
         const float *ot = out + t * C, *gt = grad + t * n * C;
         float *go = grad_out + t * C;
-        for (int64_t c = 0; c < C; c++) go[c] = post[t] * gt[c];
-        for (int i = 1; i < n; i++) {
-            float p = post[i * T + t];
-            for (int64_t c = 0; c < C; c++) go[c] += p * gt[i * C + c];
+        vec acc[MAX_N];
+        for (int i = 0; i < n; i++) p[i] = post[i * T + t], acc[i] = (vec){0};
+        int64_t c = 0;
+        for (; c + LANES <= C; c += LANES) {
+            vec ov = load(ot + c, LANES, 0.0f), g0 = load(gt + c, LANES, 0.0f), sum = p[0] * g0;
+            acc[0] += g0 * ov;
+            for (int i = 1; i < n; i++) {
+                vec gi = load(gt + i * C + c, LANES, 0.0f);
+                sum += p[i] * gi;
+                acc[i] += gi * ov;
+            }
+            store(go + c, sum, LANES);
         }
-        for (int i = 0; i < n; i++) grad_post[i * T + t] = dot(gt + i * C, ot, C);
+        for (int64_t r = c; r < C; r++) {
+            float sum = p[0] * gt[r];
+            for (int i = 1; i < n; i++) sum += p[i] * gt[i * C + r];
+            go[r] = sum;
+        }
+        for (int i = 0; i < n; i++) grad_post[i * T + t] = finish(acc[i], gt + i * C, ot, c, C);
     }
 }
 
