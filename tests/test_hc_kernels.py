@@ -174,26 +174,69 @@ def test_decoding_coefficients_refuse_malformed_inputs(case):
         mhc_kernel.hc_coefficients(*args, n, 1e-5)
 
 
-def test_the_c_entry_point_checks_its_arguments():
+def test_the_c_entry_points_check_their_arguments():
     lib = mhc_kernel.loaded()
-    tensors = [*coefficient_inputs(5, 4, 8), torch.empty(24, 5)]
+    x, weight, bias, w, static, scale = coefficient_inputs(5, 4, 8)
+    tensors = [x, weight, bias, w, static, scale, torch.empty(24, 5), torch.empty(24, 5)]
 
-    def call(dims, tensors, sizes=None, count=None):
+    def call(dims, tensors, sizes=None, count=None, fn=lib.hc_coefficients):
         d = array("q", dims)
         p = array("q", [t.data_ptr() if t is not None else 0 for t in tensors])
         s = array("q", sizes if sizes is not None else [t.numel() if t is not None else 0 for t in tensors])
-        return lib.hc_coefficients(d.buffer_info()[0], ctypes.c_float(1e-5), p.buffer_info()[0], s.buffer_info()[0],
-                                   len(tensors) if count is None else count)  # fmt: skip
+        return fn(d.buffer_info()[0], ctypes.c_float(1e-5), p.buffer_info()[0], s.buffer_info()[0],
+                  len(tensors) if count is None else count)  # fmt: skip
 
     assert call([4, 5, 8, 1], tensors) == 0
     for k in range(4):
         dims = [4, 5, 8, 1]
         dims[k] = 0
         assert call(dims, tensors) == 10 + k
-    assert call([4, 5, 8, 1], tensors, count=6) == 107
-    for k in range(7):
+    assert call([4, 5, 8, 1], tensors, count=7) == 108
+    for k in range(8):
         sizes = [t.numel() for t in tensors]
         sizes[k] -= 1
         assert call([4, 5, 8, 1], tensors, sizes=sizes) == 100 + k
         assert call([4, 5, 8, 1], [None if j == k else t for j, t in enumerate(tensors)]) == 100 + k
     assert call([8, 1 << 36, 1 << 24, 1], tensors) >= 100  # T n C overflows: fits no buffer
+    backward = [x, weight, bias, w, scale, tensors[6], torch.randn(24, 5), torch.empty_like(x), torch.empty(8),
+                torch.empty(8), torch.empty_like(w), torch.empty(24), torch.empty(24)]
+    assert call([4, 5, 8, 1], backward, fn=lib.hc_coefficients_backward) == 0
+    for k in range(13):
+        sizes = [t.numel() for t in backward]
+        sizes[k] += 1
+        assert call([4, 5, 8, 1], backward, sizes=sizes, fn=lib.hc_coefficients_backward) == 100 + k
+    assert call([4, 5, 8, 1], backward, count=12, fn=lib.hc_coefficients_backward) == 113
+
+
+@pytest.mark.parametrize(("tokens", "n", "width"), [(1, 4, 256), (40, 4, 16), (7, 1, 9), (5, 3, 1), (3, 8, 40)])
+def test_training_coefficients_and_gradients_equal_float64_maths(tokens, n, width):
+    """The fused training path (hc_coef.c forward and backward) against the same maths in float64 autograd."""
+    args = [t.requires_grad_() for t in coefficient_inputs(tokens, n, width, seed=tokens)]
+    got = mhc_ops.hc_coefficients(*args, n, 1e-5)
+    d = [t.detach().double().requires_grad_() for t in args]
+    hbar = torch.nn.functional.layer_norm(d[0], (width,), d[1], d[2], 1e-5)
+    z = torch.einsum("tjc,oc->ojt", hbar, d[3])
+    want = (d[4].view(n + 2, n, 1) + d[5].view(n + 2, n, 1) * torch.tanh(z)).reshape(n * (n + 2), tokens)
+    torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad(got, args, grad), torch.autograd.grad(want, d, grad.double()), strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_training_coefficients_operator_gradcheck_and_trace():
+    args = [t.requires_grad_() for t in coefficient_inputs(3, 2, 5)]
+    warnings.filterwarnings("ignore", "Input #. requires gradient and is not a double")
+    assert torch.autograd.gradcheck(lambda *a: mhc_ops.hc_coef(*a, 2, 1e-5)[0], args, eps=1e-2, atol=2e-2,
+                                    rtol=2e-2)  # fmt: skip
+    warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated")
+    traced = torch.jit.trace(lambda *a: mhc_ops.hc_coefficients(*a, 2, 1e-5), tuple(t.detach() for t in args))
+    assert "fairseq_plugins::hc_coef" in str(traced.graph)
+
+
+def test_a_training_unit_uses_the_fused_coefficients():
+    hc, streams, branch = unit_and_input(True, 4)
+    calls, real = [], mhc_ops.hc_coefficients
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mhc_ops, "hc_coefficients", lambda *a: calls.append(1) or real(*a))
+        hc(streams.requires_grad_(), branch).sum().backward()
+    assert calls

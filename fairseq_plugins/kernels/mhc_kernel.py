@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "FAIRSEQ_PLUGINS_MHC_KERNEL"  # "0" turns the kernel off
 LIBRARY = "mhc_cpu"
-ABI_VERSION = 6  # mhc_abi_version() in mhc_cpu.c
+ABI_VERSION = 7  # mhc_abi_version() in mhc_cpu.c
 MAX_N = 8  # MAX_N, MAX_ITERS and MAX_TOKENS in mhc_cpu.c
 MAX_LITE_N = 5  # mhc_coef.c: mHC-lite's n! residual coefficients
 MAX_ITERS = 1000
@@ -54,7 +54,9 @@ MIX_FORWARD_BUFFERS = ("x", "coefficients", "u", "mixed")
 MIX_BACKWARD_BUFFERS = ("x", "coefficients", "grad u", "grad mixed", "grad x", "grad coefficients")
 POST_FORWARD_BUFFERS = ("mixed", "post", "out", "new")
 POST_BACKWARD_BUFFERS = ("grad", "post", "out", "grad post", "grad out")
-HC_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "static", "scale", "out")
+HC_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "static", "scale", "out", "z")
+HC_BACKWARD_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "scale", "z", "grad", "grad x",
+                       "grad norm weight", "grad norm bias", "grad dynamic weight", "grad static", "grad scale")
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # once loaded, never replaced: a backward uses the library its forward used
@@ -74,7 +76,7 @@ def _load() -> ctypes.CDLL:
         fn.argtypes, fn.restype = [table, table, table, ctypes.c_int64], ctypes.c_int
     lib.mhc_coefficients.argtypes = [table, ctypes.c_float, table, table, ctypes.c_int64]
     lib.mhc_coefficients.restype = ctypes.c_int
-    for fn in (lib.hc_coefficients, lib.mhc_lite_coefficients):
+    for fn in (lib.hc_coefficients, lib.hc_coefficients_backward, lib.mhc_lite_coefficients):
         fn.argtypes, fn.restype = [table, ctypes.c_float, table, table, ctypes.c_int64], ctypes.c_int
     return lib
 
@@ -169,7 +171,7 @@ def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...]
         raise MemoryError("the mHC kernel could not allocate its working memory")
     if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
         dim_names = {"x": MIX_DIMS, "mixed": MIX_DIMS, "grad": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
-        dim_names = MIX_DIMS if names is HC_BUFFERS else dim_names
+        dim_names = MIX_DIMS if names in (HC_BUFFERS, HC_BACKWARD_BUFFERS) else dim_names
         what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
         raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
     return True
@@ -361,14 +363,34 @@ def usable_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, s
 
 
 def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
-                    eps: float) -> Tensor:  # fmt: skip
-    """Without autograd: dynamic hyper-connections' coefficients (n (n + 2), tokens), row o n + j = static +
-    scale tanh(LN(x_j) . w[o]) for stream j (kernels/hc_coef.c)."""
+                    eps: float, keep_z: bool = False) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """Dynamic hyper-connections' coefficients (n (n + 2), tokens), row o n + j = static + scale tanh(LN(x_j) .
+    w[o]) for stream j (kernels/hc_coef.c); with ``keep_z`` also z, the tanh values (for
+    ``hc_coefficients_backward``)."""
     reason = check_hc_coefficients(x, weight, bias, w, static, scale, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     buffers = [t.detach().contiguous() for t in (x, weight, bias, w, static, scale)]
     out = x.new_empty(n * (n + 2), x.size(0))
-    _call(_library_or_raise().hc_coefficients, n, 0, [*buffers, out], HC_BUFFERS, dims=(n, x.size(0), x.size(2)),
-          extra=(eps,))  # fmt: skip
-    return out
+    z = torch.empty_like(out) if keep_z else out  # decoding: z written first, then out over it
+    _call(_library_or_raise().hc_coefficients, n, 0, [*buffers, out, z], HC_BUFFERS,
+          dims=(n, x.size(0), x.size(2)), extra=(eps,))  # fmt: skip
+    return (out, z) if keep_z else out
+
+
+def hc_coefficients_backward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, scale: Tensor, z: Tensor,
+                             grad: Tensor, n: int, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The gradients (x, weight, bias, w, static, scale) of ``hc_coefficients`` for grad (n (n + 2), tokens) of
+    its result, from the inputs and z."""
+    reason = check_hc_coefficients(x, weight, bias, w, scale, scale, n)
+    if reason is None and (z.shape != grad.shape or grad.shape != (n * (n + 2), x.size(0))
+                           or z.dtype != torch.float32 or not z.is_cpu):  # fmt: skip
+        reason = f"z and a gradient of shapes {tuple(z.shape)} and {tuple(grad.shape)}"
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    buffers = [t.detach().contiguous() for t in (x, weight, bias, w, scale, z)]
+    grad = grad.to(torch.float32).contiguous()
+    grads = [torch.empty_like(t) for t in (buffers[0], weight, bias, buffers[3], scale, scale)]
+    _call(_library_or_raise().hc_coefficients_backward, n, 0, [*buffers, grad, *grads], HC_BACKWARD_BUFFERS,
+          dims=(n, x.size(0), x.size(2)), extra=(eps,))  # fmt: skip
+    return tuple(grads)
