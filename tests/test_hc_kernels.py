@@ -14,7 +14,7 @@ from array import array
 import pytest
 import torch
 
-from fairseq_plugins.kernels import mhc_kernel, mhc_ops
+from fairseq_plugins.kernels import hc_kernel, mhc_kernel, mhc_ops
 from fairseq_plugins.modules.hyper_connections import HyperConnection
 
 from .helpers import build_model, random_batch
@@ -140,7 +140,7 @@ def coefficient_inputs(tokens, n, width, seed=0):
 @pytest.mark.parametrize(("tokens", "n", "width"), [(1, 4, 256), (80, 4, 16), (7, 1, 9), (5, 3, 1), (3, 8, 40)])
 def test_decoding_coefficients_equal_float64_maths(tokens, n, width):
     x, weight, bias, w, static, scale = coefficient_inputs(tokens, n, width, seed=tokens + n)
-    got = mhc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, 1e-5)
+    got = hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, 1e-5)
     d = [t.double() for t in (x, weight, bias, w, static, scale)]
     hbar = torch.nn.functional.layer_norm(d[0], (width,), d[1], d[2], 1e-5)  # (tokens, n, C)
     z = torch.einsum("tjc,oc->ojt", hbar, d[3])  # row o n + j
@@ -168,10 +168,10 @@ def test_decoding_coefficients_refuse_malformed_inputs(case):
             args[3] = args[3][:-1]
         else:
             args[index] = args[index][..., :-1]
-    assert mhc_kernel.check_hc_coefficients(*args, n) is not None
-    assert not mhc_kernel.usable_hc_coefficients(*args, n)
+    assert hc_kernel.check_hc_coefficients(*args, n) is not None
+    assert not hc_kernel.usable_hc_coefficients(*args, n)
     with pytest.raises(ValueError, match="the mHC kernel cannot take"):
-        mhc_kernel.hc_coefficients(*args, n, 1e-5)
+        hc_kernel.hc_coefficients(*args, n, 1e-5)
 
 
 def test_the_c_entry_points_check_their_arguments():

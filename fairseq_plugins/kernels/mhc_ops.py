@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import Tensor
 
-from . import mhc_kernel
+from . import hc_kernel, mhc_kernel
 from .grn_ops import once_differentiable
 
 NO_DOUBLE_BACKWARD = (
@@ -262,7 +262,7 @@ def post_add(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
 # dynamic hyper-connections' coefficients (kernels/hc_coef.c) in training, the same way
 def _hc_coef_forward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
                      eps: float) -> tuple[Tensor, Tensor]:  # fmt: skip
-    return mhc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
+    return hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
 
 
 hc_coef = torch.library.custom_op("fairseq_plugins::hc_coef", mutates_args=(), device_types="cpu")(_hc_coef_forward)
@@ -270,7 +270,7 @@ hc_coef = torch.library.custom_op("fairseq_plugins::hc_coef", mutates_args=(), d
 
 @hc_coef.register_fake
 def _(x, weight, bias, w, static, scale, n, eps):
-    reason = mhc_kernel.check_hc_coefficients(x, weight, bias, w, static, scale, n)
+    reason = hc_kernel.check_hc_coefficients(x, weight, bias, w, static, scale, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     out = x.new_empty(n * (n + 2), x.size(0))
@@ -278,7 +278,7 @@ def _(x, weight, bias, w, static, scale, n, eps):
 
 
 hc_coef_backward = torch.library.custom_op("fairseq_plugins::hc_coef_backward", mutates_args=(),
-                                           device_types="cpu")(mhc_kernel.hc_coefficients_backward)  # fmt: skip
+                                           device_types="cpu")(hc_kernel.hc_coefficients_backward)  # fmt: skip
 
 
 @hc_coef_backward.register_fake
@@ -296,7 +296,7 @@ def _hc_setup_context(ctx, inputs, output):
 @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
 def _hc_backward(ctx, grad, grad_z):
     x, weight, bias, w, scale, z = ctx.saved_tensors
-    kernel = mhc_kernel.hc_coefficients_backward if getattr(ctx, "eager", False) else hc_coef_backward
+    kernel = hc_kernel.hc_coefficients_backward if getattr(ctx, "eager", False) else hc_coef_backward
     return (*kernel(x, weight, bias, w, scale, z, grad, ctx.n, ctx.eps), None, None)
 
 
@@ -308,7 +308,7 @@ class HCCoefFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, w, static, scale, n, eps):
-        out = mhc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
+        out = hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
         _hc_setup_context(ctx, (x, weight, bias, w, static, scale, n, eps), out)
         ctx.eager = True
         ctx.mark_non_differentiable(out[1])
@@ -327,4 +327,4 @@ def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: 
         return hc_coef(x, weight, bias, w, static, scale, n, eps)[0]
     if torch.is_grad_enabled():
         return HCCoefFunction.apply(x, weight, bias, w, static, scale, n, eps)[0]
-    return mhc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps)
+    return hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps)

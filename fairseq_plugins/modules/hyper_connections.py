@@ -25,13 +25,18 @@ paper's code. The site
 index k counts sublayers through the stack (encoder: 2 per layer; decoder: 3, self-attention, cross-attention,
 FFN); the decoder's cross-attention reads the encoder output (the sum of its streams after the final LN) as
 keys and values. Both are our reading for an encoder-decoder; the paper's models are decoder-only.
+
+Speed: for float32 CPU streams the same maths runs through fused C kernels shared with mHC (docs/kernels.md):
+the width and depth connections as mHC's mixing and depth kernels, the dynamic coefficients as kernels/hc_coef.c
+(forward and backward); the PyTorch code below runs everywhere else (CUDA, float64, half precision,
+``FAIRSEQ_PLUGINS_MHC_KERNEL=0``) and is what the tests' float64 equations check.
 """
 
 import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from ..kernels import mhc_kernel, mhc_ops
+from ..kernels import hc_kernel, mhc_kernel, mhc_ops
 from .mhc import depth_connection
 from .skinny import post_add, skinny_matmul
 
@@ -99,7 +104,8 @@ class HyperConnection(nn.Module):
 
     def _forward_kernels(self, flat: Tensor, lead: list[int], sublayer) -> Tensor:
         """The same maths through mHC's fused kernels (float32 CPU streams): the width connection as mHC's mixing
-        (kernels/mhc_mix.c) and the depth connection as its depth connection (mhc_post.c), for the coefficients
+        (kernels/mhc_mix.c), the depth connection as its depth connection (mhc_post.c) and, dynamic, the
+        coefficients by kernels/hc_coef.c (forward and backward), for the coefficients
         laid out as mHC's, tokens last: (K, tokens), K = 2n + n^2, rows [A_m; B; A_r^T], A_r^T's entry (i, j) =
         A_r[j, i] at row 2n + i n + j. In PyTorch each is a bmm of one tiny matrix per token (forward and two
         backward), whose time is the per-matrix overhead, not the arithmetic."""
@@ -110,8 +116,8 @@ class HyperConnection(nn.Module):
         # kernel calls are no operators a trace could record)
         if type(norm) is nn.LayerNorm and norm.bias is not None and not torch.is_grad_enabled() and not _tracing():
             static, scales, w = self._decoding_parameters(flat.dtype)
-            if mhc_kernel.usable_hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n):
-                coef = mhc_kernel.hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n, norm.eps)
+            if hc_kernel.usable_hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n):
+                coef = hc_kernel.hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n, norm.eps)
                 h_in, mixed = mhc_kernel.mix_forward(flat, coef, n)
                 out = sublayer(h_in.view(*lead, dim))
                 return depth_connection(mixed, coef[n : 2 * n], out.reshape(tokens, dim), n)
@@ -120,7 +126,7 @@ class HyperConnection(nn.Module):
             w = self.dynamic_weight.to(flat.dtype)[:, self.kernel_order]  # (d, n + 2)
             scales = torch.stack([self.alpha_scale, self.beta_scale]).to(flat.dtype)[self.kernel_scale_index]
             scale_rows = scales.repeat_interleave(n)
-            if type(norm) is nn.LayerNorm and norm.bias is not None and mhc_kernel.usable_hc_coefficients(
+            if type(norm) is nn.LayerNorm and norm.bias is not None and hc_kernel.usable_hc_coefficients(
                     flat, norm.weight, norm.bias, w.t(), static.view(-1), scale_rows, n):  # fmt: skip
                 # training: LayerNorm, product, tanh and scales and all their gradients in two fused calls
                 # (kernels/hc_coef.c): autograd's chain of them was about 4 ms of a 1000-token unit's 7
