@@ -227,12 +227,17 @@ def test_compiles_and_traces_as_an_operator():
     torch.testing.assert_close(traced(x), gates_pytorch(x, 4, 20), rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize(("n", "dim", "tokens"), [(4, 16, 5), (4, 256, 80), (3, 7, 9), (1, 8, 1), (8, 4, 13)])
-def test_decoding_coefficients_in_one_call_equal_the_pytorch_code(n, dim, tokens):
+@pytest.mark.parametrize("residual", ["sinkhorn", "permutations"])
+@pytest.mark.parametrize(("n", "dim", "tokens"), [(4, 16, 5), (4, 256, 80), (3, 7, 9), (1, 8, 1), (8, 4, 13),
+                                                  (5, 6, 11)])  # fmt: skip
+def test_decoding_coefficients_in_one_call_equal_the_pytorch_code(n, dim, tokens, residual):
     """Without autograd the whole coefficient maths runs in mhc_coefficients (RMSNorm, product, gates, bias,
-    then the gates kernel); float64 maths of the same unit is the reference."""
+    then the gates kernel) or, for mHC-lite, mhc_lite_coefficients (the same, then the softmax over the n!
+    permutations); float64 maths of the same unit is the reference."""
+    if residual == "permutations" and n > 5:
+        pytest.skip("mHC-lite takes n <= 5")
     torch.manual_seed(n + dim)
-    unit = ManifoldHyperConnection(dim, n, site=2)
+    unit = ManifoldHyperConnection(dim, n, site=2, residual=residual)
     with torch.no_grad():
         unit.phi.normal_(0.0, 1.0 / dim**0.5)
         unit.gain.uniform_(0.5, 1.5)
@@ -278,6 +283,44 @@ def test_decoding_coefficients_refuse_malformed_inputs():
         assert mhc_kernel.check_coefficients(*args, 20) is not None
         with pytest.raises(ValueError, match="the mHC kernel cannot take"):
             mhc_kernel.coefficients(*args, 20, 1e-20)
+    # mHC-lite: 2n + n! coefficients, n <= 5
+    lite_phi, lite_bias = torch.zeros(32, 32), torch.zeros(32)
+    assert mhc_kernel.check_coefficients(v, gain, lite_phi, lite_bias, gates, n, 1, True) is None
+    assert mhc_kernel.check_coefficients(v, gain, phi, bias, gates, n, 1, True) is not None
+    v6 = torch.randn(3, 36)
+    assert mhc_kernel.check_coefficients(v6, torch.ones(36), torch.zeros(36, 732), torch.zeros(732), gates, 6, 1,
+                                         True) is not None  # fmt: skip
+    with pytest.raises(ValueError, match="the mHC kernel cannot take"):
+        mhc_kernel.coefficients(v, gain, phi, bias, gates, n, 1, 1e-20, True)
+
+
+def test_the_lite_coefficients_entry_point_checks_its_arguments():
+    lib = mhc_kernel.loaded()
+    n, tokens, width = 4, 3, 8
+    v = torch.randn(tokens, n * width)
+    raw, bias, gates, out = torch.randn(32, tokens), torch.zeros(32), torch.ones(3), torch.empty(24, tokens)
+
+    def call(dims, tensors, sizes=None, count=None):
+        d = array("q", dims)
+        p = array("q", [t.data_ptr() if t is not None else 0 for t in tensors])
+        s = array("q", sizes if sizes is not None else [t.numel() if t is not None else 0 for t in tensors])
+        return lib.mhc_lite_coefficients(d.buffer_info()[0], ctypes.c_float(1e-20), p.buffer_info()[0],
+                                         s.buffer_info()[0], len(tensors) if count is None else count)  # fmt: skip
+
+    good = [v, raw, bias, gates, out]
+    assert call([n, tokens, width, 1, 1], good) == 0
+    torch.testing.assert_close(out[2 * n :].view(n, n, tokens).sum(0), torch.ones(n, tokens))  # doubly stochastic
+    assert call([6, tokens, width, 1, 1], good) == 10  # n > 5
+    for k in range(5):
+        dims = [n, tokens, width, 1, 1]
+        dims[k] = 0
+        assert call(dims, good) == 10 + k
+    assert call([n, tokens, width, 1, 1], good, count=4) == 105
+    for k in range(5):
+        sizes = [t.numel() for t in good]
+        sizes[k] += 1
+        assert call([n, tokens, width, 1, 1], good, sizes=sizes) == 100 + k
+    assert call([n, tokens, width, 1, 1], [v, raw[:24], bias[:24], gates, out]) == 101  # mHC's sizes
 
 
 def test_a_unit_compiles_without_graph_breaks():

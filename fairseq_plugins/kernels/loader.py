@@ -38,7 +38,8 @@ HERE = Path(__file__).parent
 # name -> its sources, the first compiled (grn_cpu.c includes grn_loops.c), all in the build key
 LIBRARIES = {
     "grn_cpu": (HERE / "grn_cpu.c", HERE / "grn_loops.c"),
-    "mhc_cpu": (HERE / "mhc_cpu.c", HERE / "mhc_mix.c", HERE / "mhc_coef.c"),  # the first includes the others
+    # the first includes the others
+    "mhc_cpu": (HERE / "mhc_cpu.c", HERE / "mhc_mix.c", HERE / "mhc_coef.c", HERE / "mhc_post.c", HERE / "hc_coef.c"),
 }
 DEFAULT = "grn_cpu"
 BASE_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC")

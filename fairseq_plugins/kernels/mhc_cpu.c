@@ -45,7 +45,7 @@ enum { B_LOGITS, B_GRAD, B_GRAD_LOGITS, BACKWARD_BUFFERS };
 /* the block functions are inlined into a copy for n = 4 (mHC's n), where the compiler unrolls every loop */
 #define INLINE __attribute__((always_inline))
 
-int mhc_abi_version(void) { return 3; }
+int mhc_abi_version(void) { return 7; }
 
 static int check_dims(const int64_t *dims) {
     const int ok[DIMS] = {
@@ -307,3 +307,5 @@ int mhc_backward(const int64_t *dims, void *const *bufs, const int64_t *sizes, i
 
 #include "mhc_mix.c" /* the mixing H_pre x, H_res x and its backward: mhc_mix_forward, mhc_mix_backward */
 #include "mhc_coef.c" /* a decoding step's coefficients from the streams: mhc_coefficients */
+#include "mhc_post.c" /* the depth connection H_res x + H_post^T F and its backward: mhc_post_forward, _backward */
+#include "hc_coef.c"  /* dynamic hyper-connections' coefficients: hc_coefficients, hc_coefficients_backward */

@@ -11,6 +11,8 @@ of its own; one that cannot be had is reported once as a warning and training go
 The mixing (``mix_forward``: u = H_pre x and H_res x per token from the streams x and the coefficients, and
 ``mix_backward``) runs in the same library for float32 streams (``check_mix``); mHC-lite uses it too.
 
+Hyper-connections' coefficient kernels (same library) are called through kernels/hc_kernel.py.
+
 Without autograd (decoding) ``coefficients`` computes the whole coefficient maths of a unit (RMSNorm, the
 product with phi, gates and bias, then the gates above) in one call (kernels/mhc_coef.c).
 
@@ -21,6 +23,7 @@ LOG_DOMAIN without writing anything; ``forward`` and ``backward`` then return No
 
 import ctypes
 import logging
+import math
 import os
 import sys
 import threading
@@ -35,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "FAIRSEQ_PLUGINS_MHC_KERNEL"  # "0" turns the kernel off
 LIBRARY = "mhc_cpu"
-ABI_VERSION = 3  # mhc_abi_version() in mhc_cpu.c
+ABI_VERSION = 7  # mhc_abi_version() in mhc_cpu.c
 MAX_N = 8  # MAX_N, MAX_ITERS and MAX_TOKENS in mhc_cpu.c
+MAX_LITE_N = 5  # mhc_coef.c: mHC-lite's n! residual coefficients
 MAX_ITERS = 1000
 MAX_TOKENS = 1 << 36
 MAX_WIDTH = 1 << 24  # mhc_mix.c
@@ -49,6 +53,8 @@ COEF_DIMS = ("n", "tokens", "width", "iters", "threads")
 COEF_BUFFERS = ("v", "raw", "bias", "gates", "out")
 MIX_FORWARD_BUFFERS = ("x", "coefficients", "u", "mixed")
 MIX_BACKWARD_BUFFERS = ("x", "coefficients", "grad u", "grad mixed", "grad x", "grad coefficients")
+POST_FORWARD_BUFFERS = ("mixed", "post", "out", "new")
+POST_BACKWARD_BUFFERS = ("grad", "post", "out", "grad post", "grad out")
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # once loaded, never replaced: a backward uses the library its forward used
@@ -63,10 +69,13 @@ def _load() -> ctypes.CDLL:
     if lib.mhc_abi_version() != ABI_VERSION:
         raise OSError(f"the mHC kernel's library has ABI {lib.mhc_abi_version()}, expected {ABI_VERSION}")
     table = ctypes.c_void_p  # the address of an array("q") of dims, pointers or sizes
-    for fn in (lib.mhc_forward, lib.mhc_backward, lib.mhc_mix_forward, lib.mhc_mix_backward):
+    for fn in (lib.mhc_forward, lib.mhc_backward, lib.mhc_mix_forward, lib.mhc_mix_backward, lib.mhc_post_forward,
+               lib.mhc_post_backward):  # fmt: skip
         fn.argtypes, fn.restype = [table, table, table, ctypes.c_int64], ctypes.c_int
     lib.mhc_coefficients.argtypes = [table, ctypes.c_float, table, table, ctypes.c_int64]
     lib.mhc_coefficients.restype = ctypes.c_int
+    for fn in (lib.hc_coefficients, lib.hc_coefficients_backward, lib.mhc_lite_coefficients):
+        fn.argtypes, fn.restype = [table, ctypes.c_float, table, table, ctypes.c_int64], ctypes.c_int
     return lib
 
 
@@ -142,7 +151,7 @@ def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...]
     if status == -1:
         raise MemoryError("the mHC kernel could not allocate its working memory")
     if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
-        dim_names = {"x": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
+        dim_names = {"x": MIX_DIMS, "mixed": MIX_DIMS, "grad": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
         what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
         raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
     return True
@@ -210,16 +219,66 @@ def mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n:
     return grad_x, grad_coef
 
 
+def check_post(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> str | None:
+    """Why the depth-connection kernel cannot take these inputs, or None: mixed (tokens, n, C), post (n, tokens)
+    and out (tokens, C), float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <=
+    MAX_WIDTH. n is given (an int; under tracing the shapes are tensors)."""
+    reason = check_mix(mixed, None, n)
+    if reason is not None:
+        return reason
+    for t in (post, out):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    tokens, width = mixed.shape[0], mixed.shape[2]
+    if post.shape != (n, tokens) or out.shape != (tokens, width):
+        return (f"H_post of shape {tuple(post.shape)} and a branch output of shape {tuple(out.shape)} for streams "
+                f"of shape {tuple(mixed.shape)}")  # fmt: skip
+    return None
+
+
+def usable_post(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> bool:
+    """Whether the depth-connection kernel is on, can be had, and takes these inputs (``check_post``)."""
+    return _enabled and check_post(mixed, post, out, n) is None and _available()
+
+
+def post_forward(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """mixed + H_post^T out per token: (tokens, n, C) from mixed (tokens, n, C), post (n, tokens), out (tokens,
+    C)."""
+    reason = check_post(mixed, post, out, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    mixed, post, out = mixed.contiguous(), post.contiguous(), out.contiguous()
+    new = torch.empty_like(mixed)
+    _call(_library_or_raise().mhc_post_forward, n, 0, [mixed, post, out, new], POST_FORWARD_BUFFERS,
+          dims=(n, mixed.size(0), mixed.size(2)))  # fmt: skip
+    return new
+
+
+def post_backward(grad: Tensor, post: Tensor, out: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(grad_post (n, tokens), grad_out (tokens, C)) of post_forward for grad (tokens, n, C) of its result (the
+    gradient of mixed is grad itself)."""
+    reason = check_post(grad, post, out, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    grad, post, out = grad.contiguous(), post.contiguous(), out.contiguous()
+    grad_post, grad_out = torch.empty_like(post), torch.empty_like(out)
+    _call(_library_or_raise().mhc_post_backward, n, 0, [grad, post, out, grad_post, grad_out],
+          POST_BACKWARD_BUFFERS, dims=(n, grad.size(0), grad.size(2)))  # fmt: skip
+    return grad_post, grad_out
+
+
 def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
-                       iters: int) -> str | None:  # fmt: skip
+                       iters: int, permutations: bool = False) -> str | None:  # fmt: skip
     """Why ``coefficients`` cannot take these inputs, or None: v (tokens, n C), gain (n C), phi (n C, K),
-    bias (K), gates (3) with K = 2n + n^2, float32 strided CPU tensors, and n, iters, tokens and C in range."""
-    if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= MAX_N or not 1 <= iters <= MAX_ITERS:
-        return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {MAX_N} and 1 to {MAX_ITERS})"
+    bias (K), gates (3) with K = 2n + n^2 (mHC-lite, ``permutations``: 2n + n!, n <= MAX_LITE_N), float32
+    strided CPU tensors, and n, iters, tokens and C in range."""
+    max_n = MAX_LITE_N if permutations else MAX_N
+    if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= max_n or not 1 <= iters <= MAX_ITERS:
+        return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {max_n} and 1 to {MAX_ITERS})"
     for t in (v, gain, phi, bias, gates):
         if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
             return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
-    k = 2 * n + n * n
+    k = 2 * n + (math.factorial(n) if permutations else n * n)
     if v.dim() != 2 or not 1 <= v.size(0) <= MAX_TOKENS or v.size(1) % n or not 1 <= v.size(1) // n <= MAX_WIDTH:
         return f"streams of shape {tuple(v.shape)} for n = {n} ((1 to {MAX_TOKENS}, n C))"
     if gain.shape != (v.size(1),) or phi.shape != (v.size(1), k) or bias.shape != (k,) or gates.shape != (3,):
@@ -229,23 +288,30 @@ def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates
 
 
 def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
-                 eps: float) -> tuple[Tensor, bool]:  # fmt: skip
+                 eps: float, permutations: bool = False, weight: Tensor | None = None) -> tuple[Tensor, bool]:  # fmt: skip
     """Without autograd: (out, True) with out = [H_pre; H_post; H_res] (2n + n^2, tokens) of the streams v
-    (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain. The product
-    with gain phi is torch's (MKL), the rest one kernel call."""
-    reason = check_coefficients(v, gain, phi, bias, gates, n, iters)
+    (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain (mHC only;
+    mHC-lite, ``permutations``, has no iteration). The product with gain phi is torch's (MKL), the rest one
+    kernel call; ``weight``: (gain phi)^T already computed (the caller keeps it while the parameters are
+    unchanged)."""
+    reason = check_coefficients(v, gain, phi, bias, gates, n, iters, permutations)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     v = v.detach().contiguous()
-    raw = torch.mm((phi.detach() * gain.detach().unsqueeze(-1)).t(), v.t())  # (K, tokens), contiguous
+    if weight is None or weight.shape != phi.shape[::-1] or weight.dtype != v.dtype:
+        weight = (phi.detach() * gain.detach().unsqueeze(-1)).t()
+    raw = torch.mm(weight, v.t())  # (K, tokens), contiguous
     buffers = [v, raw, bias.detach().contiguous(), gates.detach().contiguous()]
     out = v.new_empty(2 * n + n * n, v.size(0))
-    ok = _call(_library_or_raise().mhc_coefficients, n, 0, [*buffers, out], COEF_BUFFERS,
+    lib = _library_or_raise()
+    fn = lib.mhc_lite_coefficients if permutations else lib.mhc_coefficients
+    ok = _call(fn, n, 0, [*buffers, out], COEF_BUFFERS,
                dims=(n, v.size(0), v.size(1) // n, iters), extra=(eps,))  # fmt: skip
     return out, ok
 
 
 def usable_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
-                        iters: int) -> bool:  # fmt: skip
+                        iters: int, permutations: bool = False) -> bool:  # fmt: skip
     """Whether the kernel is on, can be had, and ``coefficients`` takes these inputs."""
-    return _enabled and check_coefficients(v, gain, phi, bias, gates, n, iters) is None and _available()
+    return (_enabled and check_coefficients(v, gain, phi, bias, gates, n, iters, permutations) is None
+            and _available())  # fmt: skip

@@ -44,8 +44,18 @@ static void mix_tokens(const float *restrict x, const float *restrict coef, floa
     }
 }
 
+/* the LANES partial sums of dot(), finished as dot() finishes them (lanes in order, then the tail) */
+static inline INLINE float finish(vec s, const float *a, const float *b, int64_t c, int64_t C) {
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++) total += s[l];
+    for (; c < C; c++) total += a[c] * b[c];
+    return total;
+}
+
 /* grad_x = H_pre^T grad_u + H_res^T grad_mixed; grad_coef: H_pre's rows sum_c grad_u x_j, H_res's
- * sum_c grad_mixed_i x_j, H_post's zero */
+ * sum_c grad_mixed_i x_j, H_post's zero. Per stream j one pass over C computes grad_x_j and the n + 1 dot
+ * products with x_j together: n + 1 independent chains of vector additions (one dot at a time, each waited on
+ * its own additions' latency: most of the backward's time before), each summed as dot() sums */
 static void mix_backward_tokens(const float *restrict x, const float *restrict coef, const float *restrict grad_u,
                                 const float *restrict grad_mixed, float *restrict grad_x, float *restrict grad_coef,
                                 int64_t T, int n, int64_t C, int64_t t0, int64_t t1) {
@@ -54,15 +64,30 @@ static void mix_backward_tokens(const float *restrict x, const float *restrict c
         const float *xt = x + t * n * C, *gu = grad_u + t * C, *gm = grad_mixed + t * n * C;
         mix_matrix(coef, T, n, t, w);
         for (int j = 0; j < n; j++) {
+            const float *xj = xt + j * C;
             float *restrict gx = grad_x + (t * n + j) * C;
-            for (int64_t c = 0; c < C; c++) gx[c] = w[j] * gu[c];
-            for (int i = 0; i < n; i++) {
-                float wij = w[n + i * n + j];
-                for (int64_t c = 0; c < C; c++) gx[c] += wij * gm[i * C + c];
+            vec acc[MAX_N + 1];
+            for (int i = 0; i <= n; i++) acc[i] = (vec){0};
+            int64_t c = 0;
+            for (; c + LANES <= C; c += LANES) {
+                vec xv = load(xj + c, LANES, 0.0f), g = load(gu + c, LANES, 0.0f);
+                vec sum = w[j] * g;
+                acc[0] += g * xv;
+                for (int i = 0; i < n; i++) {
+                    vec gi = load(gm + i * C + c, LANES, 0.0f);
+                    sum += w[n + i * n + j] * gi;
+                    acc[1 + i] += gi * xv;
+                }
+                store(gx + c, sum, LANES);
             }
-            grad_coef[j * T + t] = dot(gu, xt + j * C, C);
+            for (int64_t r = c; r < C; r++) {
+                float sum = w[j] * gu[r];
+                for (int i = 0; i < n; i++) sum += w[n + i * n + j] * gm[i * C + r];
+                gx[r] = sum;
+            }
+            grad_coef[j * T + t] = finish(acc[0], gu, xj, c, C);
             grad_coef[(n + j) * T + t] = 0.0f;
-            for (int i = 0; i < n; i++) grad_coef[(2 * n + i * n + j) * T + t] = dot(gm + i * C, xt + j * C, C);
+            for (int i = 0; i < n; i++) grad_coef[(2 * n + i * n + j) * T + t] = finish(acc[1 + i], gm + i * C, xj, c, C);
         }
     }
 }
@@ -74,7 +99,7 @@ enum { MB_X, MB_COEF, MB_GRAD_U, MB_GRAD_MIXED, MB_GRAD_X, MB_GRAD_COEF, MIX_BAC
 #define MIN_MIX_WORK_PER_THREAD ((int64_t)1 << 18) /* floats of streams: decoding's 80 tokens stay on one */
 
 /* the dims (as check_dims) and every buffer present with its exact length: streams-sized (T n C), u-sized
- * (T C) or coefficient-sized (K T), per `kinds` ('s', 'u', 'k') */
+ * (T C), coefficient-sized (K T) or H_post-sized (n T), per `kinds` ('s', 'u', 'k', 'p'; mhc_post.c too) */
 static int check_mix(const int64_t *dims, void *const *bufs, const int64_t *sizes, int64_t count, const char *kinds) {
     int64_t n = dims[MIX_N], T = dims[MIX_TOKENS], C = dims[MIX_WIDTH];
     const int ok[MIX_DIMS] = {
@@ -90,8 +115,9 @@ static int check_mix(const int64_t *dims, void *const *bufs, const int64_t *size
     int64_t tn, tnc; /* T n C can reach 2^63 within the bounds above: a size that overflows fits no buffer */
     if (__builtin_mul_overflow(T, n, &tn) || __builtin_mul_overflow(tn, C, &tnc) || tnc > INT64_MAX / 8)
         return MHC_BAD_BUFFER;
-    for (int k = 0; k < want; k++) { /* T C and K T are below T n C and 2^40 */
-        int64_t size = kinds[k] == 's' ? tnc : kinds[k] == 'u' ? T * C : (2 * n + n * n) * T;
+    for (int k = 0; k < want; k++) { /* T C, K T and n T are below T n C and 2^40 */
+        char kind = kinds[k];
+        int64_t size = kind == 's' ? tnc : kind == 'u' ? T * C : kind == 'p' ? n * T : (2 * n + n * n) * T;
         if (!bufs[k] || sizes[k] != size) return MHC_BAD_BUFFER + k;
     }
     return MHC_OK;

@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import Tensor
 
-from . import mhc_kernel
+from . import hc_kernel, mhc_kernel
 from .grn_ops import once_differentiable
 
 NO_DOUBLE_BACKWARD = (
@@ -193,3 +193,138 @@ def mix(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
     if torch.is_grad_enabled() and (x.requires_grad or coef.requires_grad):
         return MixFunction.apply(x, coef, n)
     return mhc_kernel.mix_forward(x, coef, n)
+
+
+# the depth connection new = mixed + H_post^T out (kernels/mhc_post.c), the same way
+mhc_post = torch.library.custom_op("fairseq_plugins::mhc_post", mutates_args=(), device_types="cpu")(
+    mhc_kernel.post_forward
+)
+
+
+@mhc_post.register_fake
+def _(mixed, post, out, n):
+    reason = mhc_kernel.check_post(mixed, post, out, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    return torch.empty_like(mixed)
+
+
+mhc_post_backward = torch.library.custom_op("fairseq_plugins::mhc_post_backward", mutates_args=(),
+                                            device_types="cpu")(mhc_kernel.post_backward)  # fmt: skip
+
+
+@mhc_post_backward.register_fake
+def _(grad, post, out, n):
+    return torch.empty_like(post), torch.empty_like(out)
+
+
+def _post_setup_context(ctx, inputs, output):
+    ctx.n = inputs[3]
+    ctx.save_for_backward(*inputs[1:3])  # post, out: mixed is not needed
+
+
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+def _post_backward(ctx, grad):
+    post, out = ctx.saved_tensors
+    kernel = mhc_kernel.post_backward if getattr(ctx, "eager", False) else mhc_post_backward
+    grad_post, grad_out = kernel(grad, post, out, ctx.n)
+    return grad, grad_post, grad_out, None
+
+
+mhc_post.register_autograd(_post_backward, setup_context=_post_setup_context)
+
+
+class PostFunction(torch.autograd.Function):
+    """mhc_post's forward and backward in eager autograd, without the operator dispatch."""
+
+    @staticmethod
+    def forward(ctx, mixed, post, out, n):
+        new = mhc_kernel.post_forward(mixed, post, out, n)
+        _post_setup_context(ctx, (mixed, post, out, n), new)
+        ctx.eager = True
+        return new
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _post_backward(ctx, grad)
+
+
+def post_add(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """mixed + H_post^T out (tokens, n, C) by the kernel, for inputs that ``usable_post`` accepts: mixed (tokens,
+    n, C), post (n, tokens), out (tokens, C)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return mhc_post(mixed, post, out, n)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (mixed, post, out)):
+        return PostFunction.apply(mixed, post, out, n)
+    return mhc_kernel.post_forward(mixed, post, out, n)
+
+
+# dynamic hyper-connections' coefficients (kernels/hc_coef.c) in training, the same way
+def _hc_coef_forward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
+                     eps: float) -> tuple[Tensor, Tensor]:  # fmt: skip
+    return hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
+
+
+hc_coef = torch.library.custom_op("fairseq_plugins::hc_coef", mutates_args=(), device_types="cpu")(_hc_coef_forward)
+
+
+@hc_coef.register_fake
+def _(x, weight, bias, w, static, scale, n, eps):
+    reason = hc_kernel.check_hc_coefficients(x, weight, bias, w, static, scale, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    out = x.new_empty(n * (n + 2), x.size(0))
+    return out, torch.empty_like(out)
+
+
+hc_coef_backward = torch.library.custom_op("fairseq_plugins::hc_coef_backward", mutates_args=(),
+                                           device_types="cpu")(hc_kernel.hc_coefficients_backward)  # fmt: skip
+
+
+@hc_coef_backward.register_fake
+def _(x, weight, bias, w, scale, z, grad, n, eps):
+    return (torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias), torch.empty_like(w),
+            torch.empty_like(scale), torch.empty_like(scale))  # fmt: skip
+
+
+def _hc_setup_context(ctx, inputs, output):
+    x, weight, bias, w, _static, scale, n, eps = inputs
+    ctx.n, ctx.eps = n, eps
+    ctx.save_for_backward(x, weight, bias, w, scale, output[1])
+
+
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+def _hc_backward(ctx, grad, grad_z):
+    x, weight, bias, w, scale, z = ctx.saved_tensors
+    kernel = hc_kernel.hc_coefficients_backward if getattr(ctx, "eager", False) else hc_coef_backward
+    return (*kernel(x, weight, bias, w, scale, z, grad, ctx.n, ctx.eps), None, None)
+
+
+hc_coef.register_autograd(_hc_backward, setup_context=_hc_setup_context)
+
+
+class HCCoefFunction(torch.autograd.Function):
+    """hc_coef's forward and backward in eager autograd, without the operator dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, w, static, scale, n, eps):
+        out = hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps, keep_z=True)
+        _hc_setup_context(ctx, (x, weight, bias, w, static, scale, n, eps), out)
+        ctx.eager = True
+        ctx.mark_non_differentiable(out[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad, grad_z):
+        return _hc_backward(ctx, grad, grad_z)
+
+
+def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
+                    eps: float) -> Tensor:  # fmt: skip
+    """Dynamic hyper-connections' coefficients (n (n + 2), tokens) by the kernel, differentiable in every input
+    (x (tokens, n, C), the LayerNorm's weight and bias (C), w (n + 2, C), static and scale (n (n + 2)))."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return hc_coef(x, weight, bias, w, static, scale, n, eps)[0]
+    if torch.is_grad_enabled():
+        return HCCoefFunction.apply(x, weight, bias, w, static, scale, n, eps)[0]
+    return hc_kernel.hc_coefficients(x, weight, bias, w, static, scale, n, eps)

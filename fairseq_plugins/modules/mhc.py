@@ -59,6 +59,7 @@ Interface: ``ManifoldHyperConnection(embed_dim, rate=4, site=0, residual="sinkho
 `(seq_len, batch, embed_dim)` to dropout(F(LN(u))); returns the new streams.
 """
 
+import contextlib
 import itertools
 import math
 
@@ -82,6 +83,14 @@ OFF_DIAGONAL_LOGIT = -8.0
 # normal float32 for s <= 30 at any n <= MAX_RATE. |logits| <= 15 bounds the spread by 30 (and exp by 3.3e6);
 # larger logits take the log-domain iteration
 MAX_EXP_LOGIT = 15.0
+
+
+def _no_autocast(device_type: str):
+    """Autocast off inside the block; a no-op context where it is off already (entering and leaving
+    torch.autocast costs about 10 us each: three times per unit, most of a decoding step's Python time)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def sinkhorn(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
@@ -209,6 +218,7 @@ class ManifoldHyperConnection(nn.Module):
         # which of a_pre, a_post, a_res scales each coefficient (not state: derived from n and the residual)
         gate_index = torch.tensor([0] * n + [1] * n + [2] * res_size)
         self.register_buffer("gate_index", gate_index, persistent=False)
+        self._weight_cache: tuple | None = None
 
     def coefficients(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input);
@@ -223,9 +233,10 @@ class ManifoldHyperConnection(nn.Module):
         n = self.rate
         acc = torch.promote_types(streams.dtype, torch.float32)
         # autocast (the plugin's --autocast-dtype) would run these products in half precision
-        with torch.autocast(streams.device.type, enabled=False):
+        with _no_autocast(streams.device.type):
             v = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).to(acc)
-            if not torch.is_grad_enabled() and self.residual == "sinkhorn":
+            # the direct kernel call is no operator: tracing and compilation take the operators below
+            if not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
                 decoded = self._coefficients_kernel(v)
                 if decoded is not None:
                     return decoded
@@ -254,12 +265,18 @@ class ManifoldHyperConnection(nn.Module):
         return pre, post, res, None
 
     def _coefficients_kernel(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c; a decoding
-        step's dozen small operator calls cost more than their arithmetic), or None where it does not run."""
-        n, params = self.rate, (self.gain, self.phi, self.bias, self.gates)
-        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters):
+        """Without autograd: the whole coefficient maths in one fused call (kernels/mhc_coef.c, mHC and mHC-lite;
+        a decoding step's dozen small operator calls cost more than their arithmetic), or None where it does not
+        run."""
+        n, params, lite = self.rate, (self.gain, self.phi, self.bias, self.gates), self.residual == "permutations"
+        if not mhc_kernel.usable_coefficients(v, *params, n, self.iters, lite):
             return None
-        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps)
+        # (gain phi)^T, kept while gain and phi are unchanged (their storage and version counters): a decoding
+        # step would otherwise multiply the nC x K matrix again in every unit
+        key = tuple((p.data_ptr(), p._version) for p in (self.gain, self.phi))
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            self._weight_cache = (key, (self.phi.detach() * self.gain.detach().unsqueeze(-1)).t().contiguous())
+        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps, lite, self._weight_cache[1])
         if not ok:  # the log domain: out holds the logits
             out = gates_pytorch(out, n, self.iters)
         return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
@@ -270,7 +287,7 @@ class ManifoldHyperConnection(nn.Module):
         pre, post, res, coef = self._coefficients_tokens_last(streams)
         # the streams are the residual stream: under autocast they keep their dtype (float32, as the plugin's
         # residual stream does by promotion) instead of dropping to half at the first mix
-        with torch.autocast(streams.device.type, enabled=False):
+        with _no_autocast(streams.device.type):
             if mhc_kernel.usable_mix(flat, n):
                 # H_pre x_l and H_res x_l per token in one pass over the streams (kernels/mhc_mix.c): a bmm of
                 # (n + 1, n) x (n, C) matrices spends its time per matrix, not in the arithmetic
@@ -284,6 +301,16 @@ class ManifoldHyperConnection(nn.Module):
                 # cat also turns the tokens-last coefficients into the token-first (tokens, n + 1, n) bmm wants
                 mix = torch.cat([pre.t().unsqueeze(1), res.permute(2, 0, 1)], 1).to(streams.dtype)
                 u, mixed = torch.bmm(mix, flat).split([1, n], 1)
-        out = sublayer(u.view(*lead, dim)).reshape(-1, 1, dim).to(flat.dtype)
-        with torch.autocast(streams.device.type, enabled=False):
-            return post_add(mixed, post.t().unsqueeze(-1).to(streams.dtype), out).view(*lead, n, dim)
+        out = sublayer(u.view(*lead, dim)).reshape(-1, dim).to(flat.dtype)
+        with _no_autocast(streams.device.type):
+            return depth_connection(mixed, post.to(streams.dtype), out, self.rate).view(*lead, n, dim)
+
+
+def depth_connection(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """H_res x + H_post^T F per token (tokens, n, C), for mixed = H_res x (tokens, n, C), post = H_post
+    (n, tokens) tokens last and the branch output out (tokens, C); also hyper-connections' depth connection. The
+    fused kernel (kernels/mhc_post.c) where it runs: PyTorch's backward is two bmm of one (n, C) x (C, 1) and
+    one (1, n) x (n, C) product per token, whose time is the per-matrix overhead."""
+    if mhc_kernel.usable_post(mixed, post, out, n):
+        return mhc_ops.post_add(mixed, post, out, n)
+    return post_add(mixed, post.t().unsqueeze(-1), out.unsqueeze(1))

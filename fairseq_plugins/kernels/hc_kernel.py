@@ -1,0 +1,76 @@
+"""Dynamic hyper-connections' coefficient kernels (kernels/hc_coef.c, in the mHC library ``mhc_cpu``, loaded and
+switched by kernels/mhc_kernel.py: ``FAIRSEQ_PLUGINS_MHC_KERNEL=0`` turns them off too).
+
+modules/hyper_connections.py computes its dynamic coefficients, row o n + j = static + scale tanh(LN(H_j) .
+w[o]) of stream j, laid out as mHC's (n (n + 2), tokens), with ``hc_coefficients`` (and, in training, its
+backward ``hc_coefficients_backward``) for float32 CPU streams and a LayerNorm site norm; with its PyTorch code
+otherwise. The mixing and depth connection then run in mHC's kernels.
+"""
+
+import torch
+from torch import Tensor
+
+from . import mhc_kernel
+
+HC_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "static", "scale", "out", "z")
+HC_BACKWARD_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "scale", "z", "grad", "grad x",
+                       "grad norm weight", "grad norm bias", "grad dynamic weight", "grad static", "grad scale")
+
+
+def check_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor,
+                          n: int) -> str | None:  # fmt: skip
+    """Why ``hc_coefficients`` cannot take these inputs, or None: streams x (tokens, n, C), the LayerNorm's weight
+    and bias (C), the dynamic weight w (n + 2, C), static and scale (n (n + 2)), float32 strided CPU tensors,
+    1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH."""
+    reason = mhc_kernel.check_mix(x, None, n)
+    if reason is not None:
+        return reason
+    for t in (weight, bias, w, static, scale):
+        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
+            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    width, k = x.size(2), n * (n + 2)
+    if weight.shape != (width,) or bias.shape != (width,) or w.shape != (n + 2, width) or static.shape != (k,) \
+            or scale.shape != (k,):
+        return (f"parameters of shapes {[tuple(t.shape) for t in (weight, bias, w, static, scale)]} for C = {width} "
+                f"and n = {n}")  # fmt: skip
+    return None
+
+
+def usable_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor,
+                           n: int) -> bool:  # fmt: skip
+    """Whether the kernel is on, can be had, and ``hc_coefficients`` takes these inputs."""
+    return mhc_kernel._enabled and check_hc_coefficients(x, weight, bias, w, static, scale, n) is None and mhc_kernel._available()
+
+
+def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
+                    eps: float, keep_z: bool = False) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """Dynamic hyper-connections' coefficients (n (n + 2), tokens), row o n + j = static + scale tanh(LN(x_j) .
+    w[o]) for stream j (kernels/hc_coef.c); with ``keep_z`` also z, the tanh values (for
+    ``hc_coefficients_backward``)."""
+    reason = check_hc_coefficients(x, weight, bias, w, static, scale, n)
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    buffers = [t.detach().contiguous() for t in (x, weight, bias, w, static, scale)]
+    out = x.new_empty(n * (n + 2), x.size(0))
+    z = torch.empty_like(out) if keep_z else out  # decoding: z written first, then out over it
+    mhc_kernel._call(mhc_kernel._library_or_raise().hc_coefficients, n, 0, [*buffers, out, z], HC_BUFFERS,
+          dims=(n, x.size(0), x.size(2)), extra=(eps,))  # fmt: skip
+    return (out, z) if keep_z else out
+
+
+def hc_coefficients_backward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, scale: Tensor, z: Tensor,
+                             grad: Tensor, n: int, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The gradients (x, weight, bias, w, static, scale) of ``hc_coefficients`` for grad (n (n + 2), tokens) of
+    its result, from the inputs and z."""
+    reason = check_hc_coefficients(x, weight, bias, w, scale, scale, n)
+    if reason is None and (z.shape != grad.shape or grad.shape != (n * (n + 2), x.size(0))
+                           or z.dtype != torch.float32 or not z.is_cpu):  # fmt: skip
+        reason = f"z and a gradient of shapes {tuple(z.shape)} and {tuple(grad.shape)}"
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+    buffers = [t.detach().contiguous() for t in (x, weight, bias, w, scale, z)]
+    grad = grad.to(torch.float32).contiguous()
+    grads = [torch.empty_like(t) for t in (buffers[0], weight, bias, buffers[3], scale, scale)]
+    mhc_kernel._call(mhc_kernel._library_or_raise().hc_coefficients_backward, n, 0, [*buffers, grad, *grads], HC_BACKWARD_BUFFERS,
+          dims=(n, x.size(0), x.size(2)), extra=(eps,))  # fmt: skip
+    return tuple(grads)
