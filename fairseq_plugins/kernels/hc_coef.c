@@ -67,8 +67,9 @@ static inline INLINE void row_moments(const float *row, int64_t C, float eps, fl
 
 static void hc_rows(const float *restrict x, const float *restrict g, const float *restrict b,
                     const float *restrict w, const float *restrict stat, const float *restrict scale,
-                    float *restrict out, float *restrict zs, int64_t T, int n, int64_t C, float eps, int64_t t0,
+                    float *out, float *zs, int64_t T, int n, int64_t C, float eps, int64_t t0,
                     int64_t t1) {
+    /* out and zs not restrict: decoding passes one buffer as both (z written, then out over it) */
     for (int64_t t = t0; t < t1; t++)
         for (int j = 0; j < n; j++) {
             const float *row = x + (t * n + j) * C;
