@@ -101,6 +101,15 @@ class Choice:
         return f"--{cls.axis.replace('_', '-')} {cls.name}"
 
 
+def refuse_checkpointing(args, who: str, why: str) -> None:
+    """Reject activation checkpointing (``--checkpoint-activations``, or ``--offload-activations``, which fairseq
+    turns into it) for a choice whose layers read and extend a state the stack passes between them: fairseq's
+    checkpoint_wrapper recomputes one layer's forward in backward, and that state does not survive it (the
+    gradients would be wrong or the backward would fail)."""
+    if getattr(args, "checkpoint_activations", False) or getattr(args, "offload_activations", False):
+        raise PluginOptionError(f"--checkpoint-activations cannot be used with {who}: {why}")
+
+
 def set_defaults(args, values: dict) -> None:
     for key, value in values.items():
         if getattr(args, key, None) is None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..modules.mhc import BIAS_INITS
 from ..validation import PluginOptionError, check_choice, check_int
-from . import Option
+from . import Option, refuse_checkpointing
 from .aggregation import Aggregation
 
 MAX_RATE = 16
@@ -108,6 +108,9 @@ class AttnRes(Aggregation):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
+        refuse_checkpointing(args, cls.label(), "every sublayer reads the completed blocks of the whole stack and "
+                             "their logits, kept in one state per forward pass that a recomputed layer would extend "
+                             "a second time")  # fmt: skip
         if cls.name == "attnres" and args.attnres_block_size != 1:
             raise PluginOptionError(
                 "--attnres-block-size must be 1 with --depth-aggregation attnres (Full AttnRes); use "
@@ -133,6 +136,13 @@ class AttnResBlock(AttnRes):
 class MUDD(Aggregation):
     name, source = "mudd", "MUDDFormer (Xiao et al., arXiv:2502.12170)"
     owns, own_layers = frozenset({"stream", "layer"}), True
+
+    @classmethod
+    def check(cls, args) -> None:
+        super().check(args)
+        refuse_checkpointing(args, cls.label(), "every layer reads the outputs of all earlier layers, gathered "
+                             "once per forward pass in one state that a recomputed layer would extend a second "
+                             "time")  # fmt: skip
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:

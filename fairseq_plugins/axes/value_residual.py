@@ -16,7 +16,7 @@ so incremental decoding equals full decoding and beam reordering needs nothing e
 
 from ..modules.value_residual import MODES, attach_value_residual
 from ..validation import PluginOptionError, check_bool, check_choice
-from . import Option, set_defaults
+from . import Option, refuse_checkpointing, set_defaults
 
 SIDES = ("none", "decoder", "both")
 
@@ -52,6 +52,8 @@ def check(args, plan) -> None:
             raise PluginOptionError("--value-residual-cross needs --value-residual decoder or both")
         return
     label = f"--value-residual {args.value_residual}"
+    refuse_checkpointing(args, label, "every layer mixes in the first layer's values v_1, which the stack passes "
+                         "between layers and a recomputed layer does not see")  # fmt: skip
     if args.value_residual_cross and args.value_residual_mode == "token":
         raise PluginOptionError(
             "--value-residual-cross cannot be used with --value-residual-mode token: its gate is indexed by "
