@@ -62,21 +62,7 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
-def loaded() -> ctypes.CDLL | None:
-    """The kernels' library, loaded (or built) on the first call whatever the switch says; None if it cannot
-    be had (``failure`` says why, and a warning said it once)."""
-    global _library, _tried, failure
-    if not _tried:
-        with _lock:
-            if not _tried:
-                try:
-                    _library = _load()
-                except (OSError, ValueError, AttributeError) as err:  # Refused is an OSError; ValueError: a
-                    # NUL in $CC; AttributeError: a library without the entry points
-                    failure = str(err)
-                    logger.warning("GRN kernels unavailable, using the PyTorch code (slower): %s", failure)
-                _tried = True
-    return _library
+loaded = switch.loader(sys.modules[__name__], "GRN kernels")
 
 
 def library() -> ctypes.CDLL | None:

@@ -79,20 +79,7 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
-def loaded() -> ctypes.CDLL | None:
-    """The kernel's library, loaded (or built) on the first call whatever the switch says; None if it cannot
-    be had (``failure`` says why, and a warning said it once)."""
-    global _library, _tried, failure
-    if not _tried:
-        with _lock:
-            if not _tried:
-                try:
-                    _library = _load()
-                except (OSError, ValueError, AttributeError) as err:  # as grn_kernel.loaded
-                    failure = str(err)
-                    logger.warning("mHC kernel unavailable, using the PyTorch code (slower): %s", failure)
-                _tried = True
-    return _library
+loaded = switch.loader(sys.modules[__name__], "mHC kernel")
 
 
 # the availability check torch.compile can trace and the on/off switch, shared with the other kernel modules

@@ -8,10 +8,33 @@ given, so each module's switch stays its own.
 """
 
 import contextlib
+import ctypes
+import logging
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import torch
+
+
+def loader(kernel: ModuleType, what: str) -> Callable[[], ctypes.CDLL | None]:
+    """``kernel``'s ``loaded()``: its library, loaded (or built by its ``_load``) on the first call whatever the
+    switch says; None if it cannot be had (``failure`` says why, and a warning named ``what`` once)."""
+
+    def loaded() -> ctypes.CDLL | None:
+        if not kernel._tried:
+            with kernel._lock:
+                if not kernel._tried:
+                    try:
+                        kernel._library = kernel._load()
+                    except (OSError, ValueError, AttributeError) as err:  # Refused is an OSError; ValueError:
+                        # a NUL in $CC; AttributeError: a library without the entry points
+                        kernel.failure = str(err)
+                        logging.getLogger(kernel.__name__).warning(
+                            "%s unavailable, using the PyTorch code (slower): %s", what, kernel.failure)
+                    kernel._tried = True
+        return kernel._library
+
+    return loaded
 
 
 def availability(kernel: ModuleType) -> Callable[[], bool]:
