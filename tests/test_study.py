@@ -25,6 +25,7 @@ import study_checks
 import study_common
 import study_lm
 import study_report
+import study_report_common
 import study_stats
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
@@ -257,6 +258,9 @@ def test_warmdecay_differs_from_nowarmup_only_in_the_warmup():
     (["--max-update", "300", "--warmups", "400"], "WARMUPS=400 with MAX_UPDATE=300"),
     (["--data-bin", "/", "--vocab-size", "4000"], "DATA_BIN and VOCAB_SIZE are both set"),
     (["--level-margin", "0"], "LEVEL_MARGIN (--level-margin)=0"),
+    (["--variants", "nowarmup", "--arch-lrs", "residual_iwslt_e12d12=1e-3@100"], "ARCH_LRS='residual_iwslt_e12d12=1e-3@100' gives warm-ups with VARIANTS='nowarmup'"),
+    (["--max-update", "300", "--arch-lrs", "residual_iwslt_e12d12=1e-3@300"], "ARCH_LRS gives residual_iwslt_e12d12 warm-up 300 with MAX_UPDATE=300"),
+    (["--seeds", "1", "--lrs", "1e-3 2e-3", "--arch-lrs", "residual_iwslt_e12d12=1e-3"], "LRS/WARMUPS offer 2 settings with SEEDS='1'"),
 ])  # fmt: skip
 def test_conflicting_settings_name_both_variables(argv, message):
     with pytest.raises(study_common.RecipeError) as err:
@@ -583,3 +587,44 @@ def test_lm_study_names_vocabulary_and_unknown_architecture_conflicts(tmp_path):
         logging.disable(logging.NOTSET)
     assert "MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE=100 SentencePiece pieces, but the en side" in str(err.value)
     assert "set VOCAB_SIZE <= " in str(err.value)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("residual_iwslt_e12d12", "'residual_iwslt_e12d12' is not ARCH=LR or ARCH=LR@WARMUP"),
+    ("residual_iwslt_e12d12=fast", "is not ARCH=LR"),
+    ("residual_iwslt_e12d12=1e-3@x", "is not ARCH=LR"),
+    ("=1e-3", "is not ARCH=LR"),
+    ("dca_iwslt_e12d12=1e-3", "names dca_iwslt_e12d12, not in ARCHS"),
+    ("residual_iwslt_e12d12=1e-3 residual_iwslt_e12d12=2e-3", "gives residual_iwslt_e12d12 a second time"),
+    ("residual_iwslt_e12d12=2", "has lr 2, not in (0, 1)"),
+    ("residual_iwslt_e12d12=1e-3@0", "has warm-up 0, not >= 1"),
+])  # fmt: skip
+def test_bad_arch_lrs_name_the_variable_and_the_allowed_form(value, message):
+    with pytest.raises(study_common.RecipeError) as err:
+        study.parse_args(["--arch-lrs", value])
+    assert str(err.value).startswith("ARCH_LRS (--arch-lrs): ") and message in str(err.value)
+    assert "allowed: space-separated ARCH=LR or ARCH=LR@WARMUP" in str(err.value)
+
+
+def test_arch_lrs_give_their_models_one_setting_and_the_others_the_grid():
+    """A study at each model's own lr (chosen before): no grid for those models, and the later seeds at it."""
+    archs = "transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"
+    args = study.parse_args(["--archs", archs, "--seeds", "1 2", "--lrs", "5e-4 1e-3", "--max-update", "1000",
+                             "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3 residual_iwslt_e12d12=2e-3@200"])  # fmt: skip
+    tuning, later = study.grid(args)
+    assert [(r.arch, r.lr, r.warmup) for r in tuning] == [
+        ("transformer_preln_iwslt_e12d12", 4e-3, 400), ("transformer_postln_iwslt_e12d12", 5e-4, 400),
+        ("transformer_postln_iwslt_e12d12", 1e-3, 400), ("residual_iwslt_e12d12", 2e-3, 200)]  # fmt: skip
+    assert tuning[0].name == "transformer_preln_iwslt_e12d12.warmup.lr0.004.wu400.s1"
+    choices = study_stats.choose_settings({r: {"valid_loss": 5.0} for r in tuning}, first_seed=1)
+    assert (choices[("residual_iwslt_e12d12", "warmup")]["lr"], choices[("residual_iwslt_e12d12", "warmup")]["warmup"]) == (2e-3, 200)
+    assert choices[("transformer_preln_iwslt_e12d12", "warmup")]["edges"] == []
+    assert [r.seed for r in later] == [2, 2, 2]
+    assert study_report_common.lr_text(args) == ("0.0005/0.001 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
+                                                 "0.004, residual_iwslt_e12d12 0.002 (warm-up 200)")  # fmt: skip
+    every = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1", "--arch-lrs",
+                              "transformer_preln_iwslt_e12d12=4e-3"])  # fmt: skip
+    assert study_report_common.lr_text(every) == "own (ARCH_LRS): transformer_preln_iwslt_e12d12 0.004"
+    nowarm = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--variants", "nowarmup warmup",
+                               "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3@100"])  # fmt: skip
+    assert [(r.variant, r.warmup) for r in study.grid(nowarm)[0]] == [("nowarmup", 0), ("warmup", 100)]

@@ -72,7 +72,7 @@ WIDTH_128 = ("--encoder-embed-dim 128 --decoder-embed-dim 128 "
              "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512")  # fmt: skip
 ENV_VARS = ("ARCHS", "SEEDS", "VARIANTS", "MAX_UPDATE", "TRAIN_MINUTES", "MODEL_ARGS", "TRAIN_LINES", "MULTI30K_DIR",
             "DATA_BIN", "OUT_DIR", "LRS", "WARMUPS", "JOBS", "THREADS", "MAX_TOKENS", "VALID_EVERY", "BOOTSTRAP",
-            "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM",
+            "ARCH_LRS", "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM",
             "PAIRS")  # fmt: skip
 
 
@@ -117,6 +117,10 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--lrs", default="", help="LRS: peak learning rates to choose from per model (default: 1e-3; "
                                              "language models 1.6e-3)")
     p.add_argument("--warmups", default="", help="WARMUPS: warm-up updates to choose from per model (default: 400)")
+    p.add_argument("--arch-lrs", default="",
+                   help="ARCH_LRS: an architecture's own peak lr (and warm-up), chosen before, e.g. by an LRS study: "
+                        "space-separated ARCH=LR or ARCH=LR@WARMUP; those architectures train at that setting only, "
+                        "the others choose from LRS/WARMUPS (default: none)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens}; language models "
                         f"{study_lm.LMSetup.max_tokens})")
@@ -193,6 +197,7 @@ def validate(args, d: Defaults) -> None:
     if any(w < 1 for w in args.warmup_list):
         raise RecipeError(f"WARMUPS (--warmups)={args.warmups!r}: warm-up updates must be >= 1 (the no-warm-up "
                           "schedules are VARIANTS=nowarmup, against warmdecay on the same shape)")  # fmt: skip
+    args.arch_settings = study_checks.parse_arch_lrs(args.arch_lrs, args.arch_list)
     if args.train_minutes < 0:
         raise RecipeError(f"TRAIN_MINUTES (--train-minutes)={args.train_minutes:g}: must be >= 0")
     if args.max_update is None:

@@ -44,6 +44,46 @@ def parse_pairs(text: str, archs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def parse_arch_lrs(text: str, archs: list[str]) -> dict[str, tuple[float, int | None]]:
+    """ARCH_LRS: space-separated ARCH=LR or ARCH=LR@WARMUP entries, each architecture of ARCHS at most once ->
+    {arch: (lr, warm-up or None for the WARMUPS grid)}."""
+    allowed = ("allowed: space-separated ARCH=LR or ARCH=LR@WARMUP entries, ARCH in ARCHS, LR in (0, 1), "
+               "WARMUP an integer >= 1, each architecture once (e.g. 'transformer_preln_iwslt_e12d12=4e-3@400')")  # fmt: skip
+    settings: dict[str, tuple[float, int | None]] = {}
+    for entry in text.split():
+        arch, equals, value = entry.partition("=")
+        lr_text, at, warmup_text = value.partition("@")
+        bad = None
+        try:
+            lr = float(lr_text)
+            warmup = int(warmup_text) if at else None
+        except ValueError:
+            lr = warmup = None
+        if lr is None or not equals or not arch:
+            bad = "is not ARCH=LR or ARCH=LR@WARMUP"
+        elif arch not in archs:
+            bad = f"names {arch}, not in ARCHS ({' '.join(archs)})"
+        elif arch in settings:
+            bad = f"gives {arch} a second time"
+        elif not 0 < lr < 1:
+            bad = f"has lr {lr:g}, not in (0, 1)"
+        elif warmup is not None and warmup < 1:
+            bad = f"has warm-up {warmup}, not >= 1 (the no-warm-up schedules are VARIANTS=nowarmup)"
+        if bad:
+            raise RecipeError(f"ARCH_LRS (--arch-lrs): {entry!r} {bad}; {allowed}")
+        settings[arch] = (lr, warmup)
+    return settings
+
+
+def candidates(args, arch: str, variant: str) -> list[tuple[float, int]]:
+    """The (lr, warm-up) settings an architecture tries in a variant: its ARCH_LRS setting, else the grid."""
+    lr, warmup = args.arch_settings.get(arch, (None, None))
+    lrs = [lr] if lr is not None else args.lr_list
+    if variant not in WARMUP_VARIANTS:
+        return [(a, 0) for a in lrs]
+    return [(a, b) for a in lrs for b in ([warmup] if warmup is not None else args.warmup_list)]
+
+
 def check_pairs(args, cores: int) -> None:
     """Pairs of settings that cannot work together; ``args`` is study.validate's, after its own checks."""
     if args.data_bin is not None:
@@ -65,14 +105,21 @@ def check_pairs(args, cores: int) -> None:
                           f"{cores} cores: runs sharing cores get less work done per minute, so a time budget is not "
                           f"equal; use JOBS x THREADS <= {cores}, or MAX_UPDATE instead of TRAIN_MINUTES")  # fmt: skip
     warm = any(v in WARMUP_VARIANTS for v in args.variant_list)
-    candidates = len(args.lr_list) * (len(args.warmup_list) if warm else 1)
-    if candidates > 1 and len(args.seed_list) < 2:
-        raise RecipeError(f"LRS/WARMUPS offer {candidates} settings with SEEDS={args.seeds!r}: the chosen setting's "
+    tried = max(len(candidates(args, a, v)) for a in args.arch_list for v in args.variant_list)
+    if tried > 1 and len(args.seed_list) < 2:
+        raise RecipeError(f"LRS/WARMUPS offer {tried} settings with SEEDS={args.seeds!r}: the chosen setting's "
                           "only result would be the run it was chosen on (a choice on the same seed flatters it); "
                           "give SEEDS two or more seeds (the later ones run at the chosen setting), or one setting")  # fmt: skip
     if args.warmups.strip() and not warm:
         raise RecipeError(f"WARMUPS={args.warmups!r} with VARIANTS={args.variants!r}: no variant has a warm-up, so "
                           f"WARMUPS would be ignored; add {' or '.join(WARMUP_VARIANTS)} to VARIANTS, or drop WARMUPS")  # fmt: skip
+    own_warmups = {arch: w for arch, (_, w) in args.arch_settings.items() if w is not None}
+    if own_warmups and not warm:
+        raise RecipeError(f"ARCH_LRS={args.arch_lrs!r} gives warm-ups with VARIANTS={args.variants!r}: no variant has a "
+                          f"warm-up, so they would be ignored; drop the @WARMUP parts or add {' or '.join(WARMUP_VARIANTS)}")  # fmt: skip
+    if args.max_update and (late := [(a, w) for a, w in own_warmups.items() if w >= args.max_update]):
+        raise RecipeError(f"ARCH_LRS gives {late[0][0]} warm-up {late[0][1]} with MAX_UPDATE={args.max_update}: the warm-up "
+                          f"would not end within the budget; use warm-ups below {args.max_update} or a larger MAX_UPDATE")  # fmt: skip
     # an inverse-sqrt warm-up longer than a short budget is allowed when it is the default (the main job's 180
     # updates are the warm-up phase on purpose); asked for, or under warmdecay's linear decay, it is a mistake
     if (args.warmups.strip() or "warmdecay" in args.variant_list) and args.max_update and max(args.warmup_list) >= args.max_update:

@@ -26,6 +26,7 @@ from study_report_common import (
     comparison_sections,
     comparisons_of,
     heading,
+    lr_text,
     pair_comparisons,
     paired_groups,
     partial,
@@ -53,7 +54,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     study_plots.plots(results, rows, choices, curves_png, ppl_png, score="valid_ppl",
                       score_label="validation perplexity (mean ± std over seeds)")  # fmt: skip
     any_result = next(iter(results.values()))
-    settings = {key: getattr(args, key) for key in ("task", "arch_list", "seed_list", "variant_list", "lr_list",
+    settings = {key: getattr(args, key) for key in ("task", "arch_list", "seed_list", "variant_list", "lr_list", "arch_settings",
                                                       "warmup_list", "max_update", "train_minutes", "patience",
                                                       "model_args", "jobs", "threads", "valid_every", "bootstrap",
                                                       "level_margin", "falling_last", "falling_slope")}  # fmt: skip
@@ -63,7 +64,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
         "pairs": pairs,
         "data_text": f"{manifest.get('dataset', data.name)}, language modeling (`{_shown(data, repo)}`)",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, packed blocks of {s.tokens_per_sample} "
-                      f"tokens, Adam {s.adam_betas}, peak lr {'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout "
+                      f"tokens, Adam {s.adam_betas}, peak lr {lr_text(args)}, dropout "
                       f"{s.dropout}, weight decay {s.weight_decay}, {s.max_tokens} tokens per update, tied embeddings, "
                       f"validation every {args.valid_every} updates"
                       + (f", extra `{shlex.join(args.extra)}`" if args.extra else "") + " (MODEL_ARGS and extra options win)",

@@ -28,6 +28,7 @@ from study_report_common import (
     comparison_sections,
     comparisons_of,
     heading,
+    lr_text,
     pair_comparisons,
     paired_groups,
     partial,
@@ -53,7 +54,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
     curves_png, bleu_png = out / "curves.png", out / "bleu.png"
     study_plots.plots(results, rows, choices, curves_png, bleu_png)
     any_result = next(iter(results.values()))
-    settings = {key: getattr(args, key) for key in ("arch_list", "seed_list", "variant_list", "lr_list", "warmup_list",
+    settings = {key: getattr(args, key) for key in ("arch_list", "seed_list", "variant_list", "lr_list", "arch_settings", "warmup_list",
                                                       "max_update", "train_minutes", "patience", "model_args",
                                                       "train_lines", "jobs", "threads", "valid_every", "bootstrap",
                                                       "level_margin", "falling_last", "falling_slope")}  # fmt: skip
@@ -63,7 +64,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
         "data_text": f"{manifest.get('dataset', data.name)} {manifest['source_lang']}->{manifest['target_lang']} "
                      f"(`{_shown(data, repo)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, Adam {args.setup.adam_betas}, peak lr "
-                      f"{'/'.join(f'{lr:g}' for lr in args.lr_list)}, dropout {args.setup.dropout}, label smoothing "
+                      f"{lr_text(args)}, dropout {args.setup.dropout}, label smoothing "
                       f"{args.setup.label_smoothing}, weight decay {args.setup.weight_decay}, {args.setup.max_tokens} "
                       f"tokens per update, validation every {args.valid_every} updates"
                       + (f", extra `{shlex.join(args.extra)}`" if args.extra else ""),

@@ -153,6 +153,17 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
     }  # fmt: skip
 
 
+def lr_text(args) -> str:
+    """The peak lr(s) of the set-up line: LRS's grid, and each ARCH_LRS architecture's own setting."""
+    own = [f"{arch} {lr:g}" + (f" (warm-up {warmup})" if warmup is not None else "")
+           for arch, (lr, warmup) in args.arch_settings.items()]  # fmt: skip
+    grid = "/".join(f"{lr:g}" for lr in args.lr_list)
+    if not own:
+        return grid
+    others = f"{grid} (the others), " if len(own) < len(args.arch_list) else ""
+    return f"{others}own (ARCH_LRS): {', '.join(own)}"
+
+
 def results_record(args, study, context: dict, info: dict, settings: dict, data: str, test_set: str, rows: list,
                    choices: dict, results: dict, repo: Path, without: str, task: str | None = None) -> dict:  # fmt: skip
     """results.json: the context's run-level facts, the rows, the choices and every run (``without`` its

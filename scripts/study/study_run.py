@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import study_checks
 import study_lm
 import study_stats
 from study_common import (
@@ -24,7 +25,6 @@ from study_common import (
     EARLY_STOP,
     FAIRSEQ_EARLY_STOP,
     REPO,
-    WARMUP_VARIANTS,
     RecipeError,
     Run,
     as_dict,
@@ -49,8 +49,7 @@ def grid(args) -> tuple[list[Run], list[Run]]:
     first, *others = args.seed_list
     tuning = []
     for arch, variant in itertools.product(args.arch_list, args.variant_list):
-        warmups = args.warmup_list if variant in WARMUP_VARIANTS else [0]
-        for lr, warmup in itertools.product(args.lr_list, warmups):
+        for lr, warmup in study_checks.candidates(args, arch, variant):
             tuning.append(Run(arch, variant, lr, warmup, first))
     return tuning, [Run(a, v, 0.0, 0, s) for a, v, s in itertools.product(args.arch_list, args.variant_list, others)]
 
