@@ -628,3 +628,14 @@ def test_arch_lrs_give_their_models_one_setting_and_the_others_the_grid():
     nowarm = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--variants", "nowarmup warmup",
                                "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3@100"])  # fmt: skip
     assert [(r.variant, r.warmup) for r in study.grid(nowarm)[0]] == [("nowarmup", 0), ("warmup", 100)]
+
+
+def test_default_arch_lrs_follow_the_architectures_left_in_archs():
+    """The main job's own settings stay with their models when ARCHS changes; a given ARCH_LRS is taken as it is."""
+    d = study.Defaults(archs="transformer_preln_iwslt_e12d12 residual_iwslt_e12d12", seeds="1",
+                       arch_lrs="transformer_preln_iwslt_e12d12=4e-3 residual_iwslt_e12d12=2e-3")  # fmt: skip
+    assert study.parse_args([], d).arch_settings == {"transformer_preln_iwslt_e12d12": (4e-3, None),
+                                                     "residual_iwslt_e12d12": (2e-3, None)}  # fmt: skip
+    other = study.parse_args(["--archs", "transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"], d)
+    assert other.arch_settings == {"residual_iwslt_e12d12": (2e-3, None)}
+    assert study.parse_args(["--arch-lrs", ""], d).arch_settings == {}

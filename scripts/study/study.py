@@ -83,6 +83,7 @@ class Defaults:
     archs: str = "transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"
     seeds: str = "1 2"
     max_update: int = 1000
+    arch_lrs: str = ""
     model_args: str = WIDTH_128
     out_dir: Path = REPO / "work_dirs" / "study"
     jobs: str = "cores"  # "cores": one run per core; "all": every run at once
@@ -117,10 +118,10 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--lrs", default="", help="LRS: peak learning rates to choose from per model (default: 1e-3; "
                                              "language models 1.6e-3)")
     p.add_argument("--warmups", default="", help="WARMUPS: warm-up updates to choose from per model (default: 400)")
-    p.add_argument("--arch-lrs", default="",
+    p.add_argument("--arch-lrs", default=None,
                    help="ARCH_LRS: an architecture's own peak lr (and warm-up), chosen before, e.g. by an LRS study: "
                         "space-separated ARCH=LR or ARCH=LR@WARMUP; those architectures train at that setting only, "
-                        "the others choose from LRS/WARMUPS (default: none)")  # fmt: skip
+                        "the others choose from LRS/WARMUPS (default: " + (f"'{d.arch_lrs}'" if d.arch_lrs else "none") + ")")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens}; language models "
                         f"{study_lm.LMSetup.max_tokens})")
@@ -197,6 +198,8 @@ def validate(args, d: Defaults) -> None:
     if any(w < 1 for w in args.warmup_list):
         raise RecipeError(f"WARMUPS (--warmups)={args.warmups!r}: warm-up updates must be >= 1 (the no-warm-up "
                           "schedules are VARIANTS=nowarmup, against warmdecay on the same shape)")  # fmt: skip
+    if args.arch_lrs is None:  # the defaults' own settings, for those of their architectures still in ARCHS
+        args.arch_lrs = " ".join(e for e in d.arch_lrs.split() if e.partition("=")[0] in args.arch_list)
     args.arch_settings = study_checks.parse_arch_lrs(args.arch_lrs, args.arch_list)
     if args.train_minutes < 0:
         raise RecipeError(f"TRAIN_MINUTES (--train-minutes)={args.train_minutes:g}: must be >= 0")
