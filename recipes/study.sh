@@ -8,8 +8,8 @@
 #                 the first is the baseline of the comparisons
 #   SEEDS [1 2]   VARIANTS [warmup] (warmup, nowarmup, warmdecay)   LRS [1e-3], WARMUPS [400]: choose per
 #                 model on valid loss (every candidate with the first seed, the later seeds at the choice)
-#   ARCH_LRS [none] an architecture's own lr (and warm-up) chosen before, e.g. by an LRS study:
-#                 'ARCH=LR ARCH=LR@WARMUP ...'; the others still choose from LRS/WARMUPS
+#   ARCH_LRS [none] an architecture's own lr (and warm-up) chosen before, e.g. by an LRS study, or its own
+#                 grid: 'ARCH=LR ARCH=LR@WARMUP ARCH=LR,LR,LR ...'; the others still choose from LRS/WARMUPS
 #   MAX_UPDATE [1000] updates per run, or TRAIN_MINUTES [0] training minutes per run (MAX_UPDATE then caps)
 #   PATIENCE [0]  stop a run after this many validations without a lower valid loss (0: MAX_UPDATE only)
 #   MODEL_ARGS    [width 128: --encoder-embed-dim 128 ...]; '' keeps the presets' width

@@ -590,7 +590,10 @@ def test_lm_study_names_vocabulary_and_unknown_architecture_conflicts(tmp_path):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("residual_iwslt_e12d12", "'residual_iwslt_e12d12' is not ARCH=LR or ARCH=LR@WARMUP"),
+    ("residual_iwslt_e12d12", "'residual_iwslt_e12d12' is not ARCH=LR[,LR...][@WARMUP[,WARMUP...]]"),
+    ("residual_iwslt_e12d12=1e-3,1e-3", "gives a value twice"),
+    ("residual_iwslt_e12d12=1e-3,", "is not ARCH=LR"),
+    ("residual_iwslt_e12d12=1e-3,2", "has lr 2, not in (0, 1)"),
     ("residual_iwslt_e12d12=fast", "is not ARCH=LR"),
     ("residual_iwslt_e12d12=1e-3@x", "is not ARCH=LR"),
     ("=1e-3", "is not ARCH=LR"),
@@ -603,7 +606,7 @@ def test_bad_arch_lrs_name_the_variable_and_the_allowed_form(value, message):
     with pytest.raises(study_common.RecipeError) as err:
         study.parse_args(["--arch-lrs", value])
     assert str(err.value).startswith("ARCH_LRS (--arch-lrs): ") and message in str(err.value)
-    assert "allowed: space-separated ARCH=LR or ARCH=LR@WARMUP" in str(err.value)
+    assert "allowed: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]] entries" in str(err.value)
 
 
 def test_arch_lrs_give_their_models_one_setting_and_the_others_the_grid():
@@ -634,8 +637,26 @@ def test_default_arch_lrs_follow_the_architectures_left_in_archs():
     """The main job's own settings stay with their models when ARCHS changes; a given ARCH_LRS is taken as it is."""
     d = study.Defaults(archs="transformer_preln_iwslt_e12d12 residual_iwslt_e12d12", seeds="1",
                        arch_lrs="transformer_preln_iwslt_e12d12=4e-3 residual_iwslt_e12d12=2e-3")  # fmt: skip
-    assert study.parse_args([], d).arch_settings == {"transformer_preln_iwslt_e12d12": (4e-3, None),
-                                                     "residual_iwslt_e12d12": (2e-3, None)}  # fmt: skip
+    assert study.parse_args([], d).arch_settings == {"transformer_preln_iwslt_e12d12": ([4e-3], None),
+                                                     "residual_iwslt_e12d12": ([2e-3], None)}  # fmt: skip
     other = study.parse_args(["--archs", "transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"], d)
-    assert other.arch_settings == {"residual_iwslt_e12d12": (2e-3, None)}
+    assert other.arch_settings == {"residual_iwslt_e12d12": ([2e-3], None)}
     assert study.parse_args(["--arch-lrs", ""], d).arch_settings == {}
+
+
+def test_arch_lrs_lists_widen_one_models_grid():
+    """A grid widened for one model (its best lr on the edge) beside the shared LRS grid, chosen the same way."""
+    args = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12 residual_iwslt_e12d12", "--seeds", "1 2",
+                             "--lrs", "1e-3 2e-3", "--arch-lrs", "transformer_preln_iwslt_e12d12=1e-3,2e-3,4e-3@100,400"])  # fmt: skip
+    tuning, _ = study.grid(args)
+    pre = [(r.lr, r.warmup) for r in tuning if r.arch == "transformer_preln_iwslt_e12d12"]
+    assert pre == [(1e-3, 100), (1e-3, 400), (2e-3, 100), (2e-3, 400), (4e-3, 100), (4e-3, 400)]
+    assert [(r.lr, r.warmup) for r in tuning if r.arch == "residual_iwslt_e12d12"] == [(1e-3, 400), (2e-3, 400)]
+    results = {r: {"valid_loss": 5.0 - r.lr * 100 - r.warmup / 1e4} for r in tuning}
+    choice = study_stats.choose_settings(results, first_seed=1)[("transformer_preln_iwslt_e12d12", "warmup")]
+    assert (choice["lr"], choice["warmup"]) == (4e-3, 400) and len(choice["candidates"]) == 6
+    assert study_report_common.lr_text(args) == ("0.001/0.002 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
+                                                 "0.001/0.002/0.004 (warm-up 100/400)")  # fmt: skip
+    with pytest.raises(study_common.RecipeError, match="ARCH_LRS gives transformer_preln_iwslt_e12d12 warm-up 900"):
+        study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1 2", "--max-update", "800",
+                          "--arch-lrs", "transformer_preln_iwslt_e12d12=1e-3@100,900"])  # fmt: skip

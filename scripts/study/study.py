@@ -119,9 +119,9 @@ def parse_args(argv=None, defaults: Defaults | None = None):
                                              "language models 1.6e-3)")
     p.add_argument("--warmups", default="", help="WARMUPS: warm-up updates to choose from per model (default: 400)")
     p.add_argument("--arch-lrs", default=None,
-                   help="ARCH_LRS: an architecture's own peak lr (and warm-up), chosen before, e.g. by an LRS study: "
-                        "space-separated ARCH=LR or ARCH=LR@WARMUP; those architectures train at that setting only, "
-                        "the others choose from LRS/WARMUPS (default: " + (f"'{d.arch_lrs}'" if d.arch_lrs else "none") + ")")  # fmt: skip
+                   help="ARCH_LRS: an architecture's own peak lr (and warm-up), chosen before, e.g. by an LRS study, or "
+                        "its own grid: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]]; those architectures try "
+                        "these instead of LRS/WARMUPS (default: " + (f"'{d.arch_lrs}'" if d.arch_lrs else "none") + ")")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens}; language models "
                         f"{study_lm.LMSetup.max_tokens})")

@@ -44,44 +44,47 @@ def parse_pairs(text: str, archs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_arch_lrs(text: str, archs: list[str]) -> dict[str, tuple[float, int | None]]:
-    """ARCH_LRS: space-separated ARCH=LR or ARCH=LR@WARMUP entries, each architecture of ARCHS at most once ->
-    {arch: (lr, warm-up or None for the WARMUPS grid)}."""
-    allowed = ("allowed: space-separated ARCH=LR or ARCH=LR@WARMUP entries, ARCH in ARCHS, LR in (0, 1), "
-               "WARMUP an integer >= 1, each architecture once (e.g. 'transformer_preln_iwslt_e12d12=4e-3@400')")  # fmt: skip
-    settings: dict[str, tuple[float, int | None]] = {}
+def parse_arch_lrs(text: str, archs: list[str]) -> dict[str, tuple[list[float], list[int] | None]]:
+    """ARCH_LRS: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]] entries, each architecture of ARCHS at most
+    once -> {arch: (its lrs, its warm-ups or None for WARMUPS)}: an architecture's own setting (one value) or own
+    grid (several: a grid widened for one model, chosen on valid loss like LRS/WARMUPS)."""
+    allowed = ("allowed: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]] entries, ARCH in ARCHS, each LR in "
+               "(0, 1), each WARMUP an integer >= 1, each architecture once (e.g. 'transformer_preln_iwslt_e12d12=4e-3@400')")  # fmt: skip
+    settings: dict[str, tuple[list[float], list[int] | None]] = {}
     for entry in text.split():
         arch, equals, value = entry.partition("=")
         lr_text, at, warmup_text = value.partition("@")
         bad = None
         try:
-            lr = float(lr_text)
-            warmup = int(warmup_text) if at else None
+            lrs = [float(v) for v in lr_text.split(",")]
+            warmups = [int(v) for v in warmup_text.split(",")] if at else None
         except ValueError:
-            lr = warmup = None
-        if lr is None or not equals or not arch:
-            bad = "is not ARCH=LR or ARCH=LR@WARMUP"
+            lrs = warmups = None
+        if lrs is None or not equals or not arch:
+            bad = "is not ARCH=LR[,LR...][@WARMUP[,WARMUP...]]"
         elif arch not in archs:
             bad = f"names {arch}, not in ARCHS ({' '.join(archs)})"
         elif arch in settings:
             bad = f"gives {arch} a second time"
-        elif not 0 < lr < 1:
-            bad = f"has lr {lr:g}, not in (0, 1)"
-        elif warmup is not None and warmup < 1:
-            bad = f"has warm-up {warmup}, not >= 1 (the no-warm-up schedules are VARIANTS=nowarmup)"
+        elif len(set(lrs)) != len(lrs) or (warmups and len(set(warmups)) != len(warmups)):
+            bad = "gives a value twice"
+        elif any(not 0 < lr < 1 for lr in lrs):
+            bad = f"has lr {next(lr for lr in lrs if not 0 < lr < 1):g}, not in (0, 1)"
+        elif warmups is not None and min(warmups) < 1:
+            bad = f"has warm-up {min(warmups)}, not >= 1 (the no-warm-up schedules are VARIANTS=nowarmup)"
         if bad:
             raise RecipeError(f"ARCH_LRS (--arch-lrs): {entry!r} {bad}; {allowed}")
-        settings[arch] = (lr, warmup)
+        settings[arch] = (lrs, warmups)
     return settings
 
 
 def candidates(args, arch: str, variant: str) -> list[tuple[float, int]]:
-    """The (lr, warm-up) settings an architecture tries in a variant: its ARCH_LRS setting, else the grid."""
-    lr, warmup = args.arch_settings.get(arch, (None, None))
-    lrs = [lr] if lr is not None else args.lr_list
+    """The (lr, warm-up) settings an architecture tries in a variant: its ARCH_LRS settings, else LRS/WARMUPS."""
+    lrs, warmups = args.arch_settings.get(arch, (None, None))
+    lrs = lrs or args.lr_list
     if variant not in WARMUP_VARIANTS:
         return [(a, 0) for a in lrs]
-    return [(a, b) for a in lrs for b in ([warmup] if warmup is not None else args.warmup_list)]
+    return [(a, b) for a in lrs for b in (warmups or args.warmup_list)]
 
 
 def check_pairs(args, cores: int) -> None:
@@ -113,7 +116,7 @@ def check_pairs(args, cores: int) -> None:
     if args.warmups.strip() and not warm:
         raise RecipeError(f"WARMUPS={args.warmups!r} with VARIANTS={args.variants!r}: no variant has a warm-up, so "
                           f"WARMUPS would be ignored; add {' or '.join(WARMUP_VARIANTS)} to VARIANTS, or drop WARMUPS")  # fmt: skip
-    own_warmups = {arch: w for arch, (_, w) in args.arch_settings.items() if w is not None}
+    own_warmups = {arch: max(w) for arch, (_, w) in args.arch_settings.items() if w is not None}
     if own_warmups and not warm:
         raise RecipeError(f"ARCH_LRS={args.arch_lrs!r} gives warm-ups with VARIANTS={args.variants!r}: no variant has a "
                           f"warm-up, so they would be ignored; drop the @WARMUP parts or add {' or '.join(WARMUP_VARIANTS)}")  # fmt: skip

@@ -155,8 +155,9 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
 
 def lr_text(args) -> str:
     """The peak lr(s) of the set-up line: LRS's grid, and each ARCH_LRS architecture's own setting."""
-    own = [f"{arch} {lr:g}" + (f" (warm-up {warmup})" if warmup is not None else "")
-           for arch, (lr, warmup) in args.arch_settings.items()]  # fmt: skip
+    own = [f"{arch} {'/'.join(f'{lr:g}' for lr in lrs)}"
+           + (f" (warm-up {'/'.join(str(w) for w in warmups)})" if warmups is not None else "")
+           for arch, (lrs, warmups) in args.arch_settings.items()]  # fmt: skip
     grid = "/".join(f"{lr:g}" for lr in args.lr_list)
     if not own:
         return grid
