@@ -645,6 +645,10 @@ def test_default_arch_lrs_follow_the_architectures_left_in_archs():
     other = study.parse_args(["--archs", "transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"], d)
     assert other.arch_settings == {"residual_iwslt_e12d12": ([2e-3], None)}
     assert study.parse_args(["--arch-lrs", ""], d).arch_settings == {}
+    # LRS asks for a grid for every model: the defaults' own lrs would silently override it
+    grid = study.parse_args(["--seeds", "1 2", "--lrs", "5e-4 1e-3"], d)
+    assert grid.arch_settings == {} and {r.lr for r in study.grid(grid)[0]} == {5e-4, 1e-3}
+    assert study.parse_args(["--warmups", "100 200", "--seeds", "1 2"], d).arch_settings["residual_iwslt_e12d12"] == ([2e-3], None)
 
 
 def test_arch_lrs_lists_widen_one_models_grid():

@@ -121,7 +121,7 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--arch-lrs", default=None,
                    help="ARCH_LRS: an architecture's own peak lr (and warm-up), chosen before, e.g. by an LRS study, or "
                         "its own grid: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]]; those architectures try "
-                        "these instead of LRS/WARMUPS (default: " + (f"'{d.arch_lrs}'" if d.arch_lrs else "none") + ")")  # fmt: skip
+                        "these instead of LRS/WARMUPS (default: " + (f"'{d.arch_lrs}', unless LRS is given" if d.arch_lrs else "none") + ")")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"MAX_TOKENS: tokens per update (default {Setup.max_tokens}; language models "
                         f"{study_lm.LMSetup.max_tokens})")
@@ -198,8 +198,11 @@ def validate(args, d: Defaults) -> None:
     if any(w < 1 for w in args.warmup_list):
         raise RecipeError(f"WARMUPS (--warmups)={args.warmups!r}: warm-up updates must be >= 1 (the no-warm-up "
                           "schedules are VARIANTS=nowarmup, against warmdecay on the same shape)")  # fmt: skip
-    if args.arch_lrs is None:  # the defaults' own settings, for those of their architectures still in ARCHS
-        args.arch_lrs = " ".join(e for e in d.arch_lrs.split() if e.partition("=")[0] in args.arch_list)
+    if args.arch_lrs is None:
+        # the defaults' own settings, for those of their architectures still in ARCHS; an LRS given asks for a grid
+        # for every model instead (it would otherwise be ignored for them)
+        own = [e for e in d.arch_lrs.split() if e.partition("=")[0] in args.arch_list]
+        args.arch_lrs = "" if args.lrs.strip() else " ".join(own)
     args.arch_settings = study_checks.parse_arch_lrs(args.arch_lrs, args.arch_list)
     if args.train_minutes < 0:
         raise RecipeError(f"TRAIN_MINUTES (--train-minutes)={args.train_minutes:g}: must be >= 0")

@@ -123,8 +123,8 @@ def check_pairs(args, cores: int) -> None:
     if args.max_update and (late := [(a, w) for a, w in own_warmups.items() if w >= args.max_update]):
         raise RecipeError(f"ARCH_LRS gives {late[0][0]} warm-up {late[0][1]} with MAX_UPDATE={args.max_update}: the warm-up "
                           f"would not end within the budget; use warm-ups below {args.max_update} or a larger MAX_UPDATE")  # fmt: skip
-    # an inverse-sqrt warm-up longer than a short budget is allowed when it is the default (the main job's 180
-    # updates are the warm-up phase on purpose); asked for, or under warmdecay's linear decay, it is a mistake
+    # an inverse-sqrt warm-up longer than a short budget is allowed when it is the default (a smoke run of a few
+    # updates); asked for, or under warmdecay's linear decay, it is a mistake
     if (args.warmups.strip() or "warmdecay" in args.variant_list) and args.max_update and max(args.warmup_list) >= args.max_update:
         raise RecipeError(f"WARMUPS={args.warmups or max(args.warmup_list)} with MAX_UPDATE={args.max_update}: the warm-up "
                           f"would not end within the budget; use warm-ups below {args.max_update} or a larger MAX_UPDATE")  # fmt: skip
