@@ -130,3 +130,14 @@ def test_target_table_has_a_verdict_and_mfu_per_target_of_issue_15():
     text = benchmark.markdown(report)
     assert "| `dca_k2` train >= 0.95 | e18d18 | 0.96 | 48.0% (50.0%) | PASS (within spread) |" in text
     assert "| `dca_k2` decode >= 0.95 | e18d18 | 0.90 | - | FAIL |" in text
+
+
+def test_issue_27_speed_targets_cover_every_new_idea_and_aggregation_family():
+    """Issue 27, item 3: >= 0.97 at every depth for the ideas without matmuls, >= 0.90 at E12D12 for aggregation."""
+    have = {(t.family, t.metric, t.op, t.bound, t.depth) for t in benchmark.TARGETS}
+    for family in ("periln", "mixln", "hybridnorm", "dyt", "derf", "value_residual", "layerscale", "rezero", "ortho"):
+        assert {(family, m, ">=", 0.97, None) for m in ("train", "decode")} <= have, family
+    for family in ("mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd", "hc_static", "hc_dynamic", "dlcl",
+                   "denseformer"):
+        assert {(family, m, ">=", 0.90, "e12d12") for m in ("train", "decode")} <= have, family
+    assert {t.family for t in benchmark.TARGETS} <= set(REGISTERED)

@@ -70,6 +70,10 @@ class Target:
         return {">=": value >= self.bound, "<=": value <= self.bound, "<": value < self.bound}[self.op]
 
 
+NO_MATMUL_IDEAS = ("periln", "mixln", "hybridnorm", "dyt", "derf", "value_residual", "layerscale", "rezero", "ortho")
+AGGREGATION_FAMILIES = ("mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd", "hc_static", "hc_dynamic",
+                        "dlcl", "denseformer")
+
 # issue 15, item 1 (ratios to the matched baseline of the same run, width 256, one thread); plus k-DCA's
 # flatness with depth, the property k-DCA exists for
 TARGETS: tuple[Target, ...] = (
@@ -83,6 +87,11 @@ TARGETS: tuple[Target, ...] = (
     *(Target(family, metric, ">=", 0.98) for family in ("crossformer_hg", "crossformer_sg", "residual")
       for metric in ("train", "decode")),
     Target("crossformer_hg", "memory", "<", 1.00),
+    # issue 27, item 3: ideas that add no matrix products keep pace with Pre-LN at every depth; the ideas that
+    # aggregate several streams or earlier layers (new and old) at 0.90 at E12D12
+    *(Target(family, metric, ">=", 0.97) for family in NO_MATMUL_IDEAS for metric in ("train", "decode")),
+    *(Target(family, metric, ">=", 0.90, "e12d12") for family in AGGREGATION_FAMILIES
+      for metric in ("train", "decode")),
 )
 
 
