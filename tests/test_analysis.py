@@ -267,3 +267,16 @@ def test_grad_norms_sees_dca_at_initialisation_as_its_pre_ln_baseline(tmp_path):
     rows = read_csv(tmp_path / "raw.csv")
     dca, pre = ([r["input_diff"] for r in rows if r["arch"] == arch] for arch in archs)
     assert len(dca) == 5 and [float(x or 0) for x in dca] == pytest.approx([float(x or 0) for x in pre], rel=1e-5)
+
+
+def test_reports_are_written_under_a_temporary_name_and_moved_into_place(tmp_path):
+    """A failed write leaves the previous report whole and no temporary file behind."""
+    common = tool("analysis_common")
+    out = tmp_path / "table.csv"
+    common.write_csv(out, [{"a": 1, "b": 2}])
+    with pytest.raises(ValueError):
+        common.write_csv(out, [{"a": 1, "b": 2}, {"c": 3}])  # a row with a key the header lacks fails mid-write
+    assert out.read_text().splitlines() == ["a,b", "1,2"]
+    common.write_json(tmp_path / "table.json", {"x": 1})
+    assert json.loads((tmp_path / "table.json").read_text()) == {"x": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv", "table.json"]

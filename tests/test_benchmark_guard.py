@@ -141,3 +141,11 @@ def test_issue_27_speed_targets_cover_every_new_idea_and_aggregation_family():
                    "denseformer"):
         assert {(family, m, ">=", 0.90, "e12d12") for m in ("train", "decode")} <= have, family
     assert {t.family for t in benchmark.TARGETS} <= set(REGISTERED)
+
+
+def test_the_report_is_moved_into_place_only_when_written_whole(tmp_path):
+    out = tmp_path / "benchmark.md"
+    benchmark.write_report(out, "old\n")
+    with pytest.raises(TypeError):
+        benchmark.write_report(out, None)
+    assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["benchmark.md"]

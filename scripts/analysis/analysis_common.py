@@ -13,8 +13,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "scripts"):  # the plugin, and recipe_common's atomic writes
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from recipe_common import atomic_path
 
 from fairseq_plugins.validation import (
     argparse_type,
@@ -122,16 +125,20 @@ def with_suffix(prefix: Path, suffix: str) -> Path:
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     """Write ``rows`` (dicts with the same keys, in order) as CSV with a header."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
         writer.writeheader()
         writer.writerows(rows)
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` under a temporary name and move it into place: never a half-written report."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def pyplot():

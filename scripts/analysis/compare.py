@@ -34,7 +34,14 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from analysis_common import pyplot, save_figure, with_suffix, write_csv, write_json
+from analysis_common import (
+    pyplot,
+    save_figure,
+    with_suffix,
+    write_csv,
+    write_json,
+    write_text,
+)
 
 LINE = re.compile(r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,\d+)? \| \w+ \| (?P<tag>[\w.]+) \| (?P<body>.*)$")
 ARCH = re.compile(r"""\barch['"]?\s*[=:]\s*['"]([\w.-]+)['"]""")
@@ -285,7 +292,7 @@ def main(argv=None) -> list[dict]:
     table = markdown_table(rows)
     print(table, end="")
     with_suffix(args.out, ".md").parent.mkdir(parents=True, exist_ok=True)
-    with_suffix(args.out, ".md").write_text(table)
+    write_text(with_suffix(args.out, ".md"), table)
     write_csv(with_suffix(args.out, ".csv"), rows)
     write_json(with_suffix(args.out, ".json"), {"runs": rows, "curves": {lg["run"]: lg["valid"] for lg in logs}})
     plot(logs, rows, with_suffix(args.out, ".png"))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # analysis_common, also when loaded by path
 
+from analysis_common import write_json
 from param_count import SHARING, count_parameters
 from param_table_crossformer import (  # noqa: F401  (_tie_sizes: tests/test_paper_params.py reads it from here)
     CROSSFORMER_VOCABULARIES,
@@ -135,7 +136,7 @@ def main(argv=None):
         rows = crossformer_param_rows(vocabularies)
         print(json.dumps(rows, indent=1) if args.format == "json" else paper_table(rows, vocabularies))
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+            write_json(args.json, rows)
         return rows
 
     families = sorted({p.family for p in PRESETS.values()})
@@ -167,7 +168,7 @@ def main(argv=None):
         print(f"Parameters for a joint vocabulary of {args.vocab_size} ({args.share} embeddings shared).\n")
         print(long_table(rows) if args.layout == "long" else wide_table(rows))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_json(args.json, rows)
     return rows
 
 

@@ -1,7 +1,12 @@
 """The benchmark's report: the targets' verdicts and the Markdown tables (ratios, absolute throughput, memory,
 MFU; per precision when several were measured; the profiles of the families that miss a target)."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipe_common's atomic writes
 from bench_families import BASELINE, TARGETS
+from recipe_common import atomic_path
 
 # the metrics whose rows hold per-round ratios (a dict with a median) and that a profile can explain; memory
 # is one deterministic ratio, and its breakdown is in the memory measurement itself
@@ -234,3 +239,9 @@ def precision_table(report: dict) -> list[str]:
                              name == BASELINE)  # fmt: skip
             lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a report under a temporary name and move it into place: an interrupted run leaves the old one."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

@@ -131,7 +131,7 @@ from bench_families import (  # noqa: F401
     registered_families,
 )
 from bench_lm import LM_DEPTH_NAMES, LM_WIDTH_NAMES, lm_families, lm_shape
-from bench_report import check_targets, markdown, missed_metrics  # noqa: F401
+from bench_report import check_targets, markdown, missed_metrics, write_report  # noqa: F401
 from bench_run import grn_kernels_status, run_benchmark  # noqa: F401
 
 LM_DEFAULT_DEPTH = "d6"
@@ -355,9 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = markdown(report)
     print(text)
     if opts.markdown:
-        opts.markdown.write_text(text)
+        write_report(opts.markdown, text)
     if opts.json:
-        opts.json.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(opts.json, json.dumps(report, indent=1) + "\n")
     log(f"done in {report['seconds']:.0f} s")
     return 0
 

@@ -41,6 +41,7 @@ from bench_families import (
     build_contender,
     registered_families,
 )
+from bench_report import write_report as write_text_atomic
 from bench_timing import on_device, synchronize
 from fairseq.logging import metrics
 
@@ -175,9 +176,8 @@ def markdown(report: dict) -> str:
 
 
 def write_report(report: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.md").write_text(markdown(report))
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out / "gpu_check.md", markdown(report))
+    write_text_atomic(out / "gpu_check.json", json.dumps(report, indent=1) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
