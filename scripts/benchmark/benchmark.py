@@ -85,7 +85,9 @@ targets. bench_lm.py's docstring says how.
 
 Files: benchmark.py (this command line), bench_lm.py (--task lm), bench_families.py (line-up, targets, precisions, building a model),
 bench_data.py (corpus and batches), bench_timing.py (timing, memory, FLOPs, profiles), bench_run.py (the
-run), bench_report.py (verdicts and Markdown).
+run), bench_report.py (verdicts and Markdown), bench_merge.py (one report from several runs, e.g. one per core).
+The families are measured in groups of --group-size, each against a baseline of its own in the same rounds:
+a group's models all live in memory at once.
 """
 
 import argparse
