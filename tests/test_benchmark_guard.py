@@ -12,6 +12,8 @@ only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
 """
 
 
+import json
+
 import pytest
 
 from .helpers import load_script
@@ -31,7 +33,7 @@ ARGS = [
     "--synthetic", "--depth", "e6d6", "--embed-dim", "64", "--ffn-dim", "128", "--heads", "2",
     "--threads", "1", "--rounds", "4", "--warmup", "1", "--max-tokens", "1024", "--train-batches", "1",
     "--vocab-size", "512", "--decode-sentences", "8", "--decode-batch-size", "8", "--decode-len", "6",
-    "--peak-repeats", "0", "--no-memory", "--no-flop-count", "--quiet",
+    "--peak-repeats", "0", "--no-memory", "--no-flop-count", "--quiet", "--group-size", "1000",
 ]  # fmt: skip
 
 
@@ -48,7 +50,8 @@ def _measure(families: list[str]) -> dict:
     opts = benchmark.build_parser().parse_args([*ARGS, *(a for f in families for a in ("--family", f))])
     benchmark.resolve(opts)
     report = benchmark.run_benchmark(opts, benchmark.synthetic_corpus(n_train=1000, n_test=16))
-    return report["results"][0]["families"]
+    (result,) = report["results"]  # one line-up: every family against one baseline (tiny models fit in memory)
+    return result["families"]
 
 
 def _too_slow(row: dict, family: str) -> list[str]:
@@ -149,3 +152,38 @@ def test_the_report_is_moved_into_place_only_when_written_whole(tmp_path):
     with pytest.raises(TypeError):
         benchmark.write_report(out, None)
     assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["benchmark.md"]
+
+
+def test_families_are_measured_in_groups_each_against_its_own_baseline(tmp_path):
+    """--group-size bounds the models alive at once (every family at E12D12 in one line-up took 19 GB)."""
+    argv = [*ARGS[:-2], "--group-size", "2", "--rounds", "1", "--embed-dim", "16", "--ffn-dim", "32",
+            "--family", "residual", "--family", "dca", "--family", "rezero", "--json", str(tmp_path / "r.json")]
+    assert benchmark.main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["depth"], r["group"], list(r["families"])) for r in report["results"]] == [
+        ("e6d6", 1, ["residual", "dca"]), ("e6d6", 2, ["rezero"])]
+    assert all(r["baseline"]["train_tokens_per_s"]["median"] > 0 for r in report["results"])
+    text = benchmark.markdown(report)
+    assert "`transformer_preln` (group 1)" in text and "`transformer_preln` (group 2)" in text
+    assert {v["target"]["family"] for v in report["targets"]} == {"residual", "dca", "rezero"}
+
+
+def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_path, capsys):
+    merge = load_script("scripts/benchmark/bench_merge.py", "bench_merge")
+    tiny = [*ARGS[:-2], "--rounds", "1", "--embed-dim", "16", "--ffn-dim", "32"]
+    for name, family in (("a", "residual"), ("b", "rezero")):
+        assert benchmark.main([*tiny, "--family", family, "--json", str(tmp_path / f"{name}.json")]) == 0
+    out = tmp_path / "merged.json"
+    assert merge.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert [(r["group"], list(r["families"])) for r in merged["results"]] == [(1, ["residual"]), (2, ["rezero"])]
+    assert {v["target"]["family"] for v in merged["targets"]} == {"residual", "rezero"}
+    assert merged["command"].count("benchmark.py") == 2
+    other = json.loads((tmp_path / "b.json").read_text())
+    other["settings"]["rounds"] = 5
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    for bad, message in ((["a.json", "c.json"], "setting rounds is 5"), (["a.json", "a.json"], "residual: measured in more"),
+                         (["a.json", "missing.json"], "not a readable JSON report")):
+        with pytest.raises(SystemExit) as exit_:
+            merge.main([str(tmp_path / name) for name in bad])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -94,17 +94,19 @@ def families_of(tree: Path, depth: str) -> list[str]:
 
 
 def round_ratios(report: dict) -> dict[str, dict[str, float]]:
-    """family -> {train, train_cpu, decode, decode_cpu}: throughput ratios to the baseline of a one-round report."""
-    (result,) = report["results"]
-    base, ratios = result["baseline"], {}
-    for family, row in result["families"].items():
-        ratios[family] = {}
-        for kind in KINDS:
-            for suffix in ("seconds", "cpu_seconds"):
-                key = f"{kind}_{suffix}"
-                if key in row and key in base:
-                    name = kind if suffix == "seconds" else f"{kind}_cpu"
-                    ratios[family][name] = base[key][0] / row[key][0]
+    """family -> {train, train_cpu, decode, decode_cpu}: throughput ratios to the baseline of a one-round,
+    one-depth report (each family against the baseline of its own group, if the benchmark split them)."""
+    ratios = {}
+    for result in report["results"]:
+        base = result["baseline"]
+        for family, row in result["families"].items():
+            ratios[family] = {}
+            for kind in KINDS:
+                for suffix in ("seconds", "cpu_seconds"):
+                    key = f"{kind}_{suffix}"
+                    if key in row and key in base:
+                        name = kind if suffix == "seconds" else f"{kind}_cpu"
+                        ratios[family][name] = base[key][0] / row[key][0]
     return ratios
 
 

@@ -66,14 +66,14 @@ def _ratio(row: dict, key: str) -> str:
     return f"**{cell['median']:.2f}** ({cell['min']:.2f}-{cell['max']:.2f}; CPU {cell['cpu']:.2f})" if cell else "-"
 
 
-def _table_row(depth: str, name: str, row: dict, base: dict, peak_flops: float) -> str:
+def _table_row(depth: str, name: str, row: dict, base: dict, peak_flops: float, note: str = "") -> str:
     is_base = row is base
     flops, base_flops = row["counted_matmul_flops_per_step"], base["counted_matmul_flops_per_step"]
     memory = row.get("memory", {}).get("peak_bytes")
     decode = row.get("decode_sentences_per_s")
     cells = [
         depth.upper(),
-        f"`{name}`",
+        f"`{name}`{note}",
         "1" if is_base else _ratio(row, "train_ratio"),
         "1" if is_base and decode else _ratio(row, "decode_ratio"),
         "1" if is_base and memory else (f"{row['memory_ratio']:.2f}" if "memory_ratio" in row else "-"),
@@ -115,12 +115,13 @@ def markdown(report: dict) -> str:
     checks: list[str] = []
     for res in report["results"]:
         base = res["baseline"]
-        lines.append(_table_row(res["depth"], res.get("baseline_name", BASELINE), base, base, peak_flops))
+        group = f" (group {res['group']})" if "group" in res else ""
+        lines.append(_table_row(res["depth"], res.get("baseline_name", BASELINE), base, base, peak_flops, group))
         for name, row in res["families"].items():
             lines.append(_table_row(res["depth"], name, row, base, peak_flops))
         for family, why in res["skipped"].items():
             lines.append(f"| {res['depth'].upper()} | `{family}` | skipped: {why} | | | | | | | | |")
-        if base["counted_matmul_flops_per_step"]:
+        if base["counted_matmul_flops_per_step"] and res.get("group", 1) == 1:
             checks.append(f"{res['depth'].upper()} {base['counted_matmul_flops_per_step'] / base['formula_flops_per_step']:.3f}")
     lines += ["", "FLOPs ratio: matmul FLOPs of one training step as FlopCounterMode counts them, over the "
               "baseline's (the work a family adds). MFU: the docstring's model-FLOPs formula (the same for a "

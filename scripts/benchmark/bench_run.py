@@ -206,8 +206,14 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
         for lang in (SRC, TGT):  # the translation task reads its dictionaries from the data directory
             dictionary.save(str(Path(tmp) / f"dict.{lang}.txt"))
         dictionary.save(str(Path(tmp) / "dict.txt"))  # the language_modeling task's
+        size = getattr(opts, "group_size", None) or len(opts.families) or 1
+        groups = [opts.families[i : i + size] for i in range(0, len(opts.families), size)] or [[]]
         for depth in opts.depths:
-            results.append((run_lm_depth if lm else run_depth)(depth, opts.families, Path(tmp), batches, opts, log))
+            for number, group in enumerate(groups, 1):
+                result = (run_lm_depth if lm else run_depth)(depth, group, Path(tmp), batches, opts, log)
+                if len(groups) > 1:  # the group's own baseline: its row says which group it belongs to
+                    result["group"] = number
+                results.append(result)
     peak_end = matmul_peak(opts.peak_repeats, device=opts.device) if opts.peak_repeats else None
     width = WIDTHS[opts.width_infix]
     report = {
@@ -225,6 +231,7 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
                      f"{opts.heads or width.heads} (model/FFN/heads)",
             "threads": opts.threads, "rounds": opts.rounds, "warmup": opts.warmup, "max_tokens": opts.max_tokens,
             "train_batches": opts.train_batches, "train_target_tokens": batches.train_target_tokens,
+            "group_size": getattr(opts, "group_size", None),
             "decode_sentences": batches.decode_sentences, "decode_batch_size": opts.decode_batch_size,
             "decode_len": opts.decode_len, "beam": opts.beam, "vocab": len(dictionary), "seed": opts.seed,
             "decode": not opts.no_decode, "memory": not opts.no_memory, "profile": opts.profile,

@@ -85,7 +85,9 @@ targets. bench_lm.py's docstring says how.
 
 Files: benchmark.py (this command line), bench_lm.py (--task lm), bench_families.py (line-up, targets, precisions, building a model),
 bench_data.py (corpus and batches), bench_timing.py (timing, memory, FLOPs, profiles), bench_run.py (the
-run), bench_report.py (verdicts and Markdown).
+run), bench_report.py (verdicts and Markdown), bench_merge.py (one report from several runs, e.g. one per core).
+The families are measured in groups of --group-size, each against a baseline of its own in the same rounds:
+a group's models all live in memory at once.
 """
 
 import argparse
@@ -187,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "job trains its models side by side with one thread each on the 2-core machine, and with "
                    "one thread the CPU-time ratios are immune to other load, while 2 threads on a shared "
                    "machine lose half their speed at OpenMP barriers; see docs/benchmark.md)")
+    p.add_argument("--group-size", type=_bounded(int, 1, 1000), default=8,
+                   help="families measured together against one baseline, 1..1000 (default 8): a group's models "
+                   "all live in memory during its rounds (on the CPU about 1 GB per model at E12D12 width 256, "
+                   "more deeper: 22 families at E12D12 took 19 GB), so every family in one group does not fit "
+                   "24 GB; each group has its own baseline, measured in the same rounds")
     p.add_argument("--rounds", type=_bounded(int, 1, 100), default=5,
                    help="interleaved measurement rounds per depth, 1..100 (default 5)")
     p.add_argument("--warmup", type=_bounded(int, 0, 20), default=1,
