@@ -124,6 +124,11 @@ def write_lines(path: Path, lines: Iterable[str]) -> None:
         f.writelines(line + "\n" for line in lines)
 
 
+def write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def write_json(path: Path, data) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -25,7 +25,10 @@ class PointwiseNorm(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.squash(x)
+        # element-wise maths keeps its input's strides, and fairseq's (time, batch, C) stream is a transposed view:
+        # the linear layers after a norm would then take matmul's slower non-contiguous path (a copy, mm and a
+        # separate bias add instead of one addmm). LayerNorm returns a contiguous tensor; so does this.
+        y = self.squash(x.contiguous())
         if self.weight is not None:
             y = y * self.weight.to(x.dtype)
         if self.bias is not None:

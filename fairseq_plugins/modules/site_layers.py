@@ -42,10 +42,19 @@ class PeriOutput(nn.Module):
         return residual + self.layer_norm(x)
 
 
+class Contiguous(nn.Module):
+    """A dropped norm: the identity, but contiguous as LayerNorm's output is. fairseq's (time, batch, C) stream is
+    a transposed view, and a Linear given one takes matmul's slower path (a copy, mm and a separate bias add
+    instead of one addmm). No parameters: checkpoints are those of an nn.Identity."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.contiguous()
+
+
 def drop_sublayer_norms_(layer: nn.Module) -> None:
     for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
         if getattr(layer, name, None) is not None:
-            setattr(layer, name, nn.Identity())
+            setattr(layer, name, Contiguous())
 
 
 class SiteUpdateEncoderLayer(SiteEncoderLayer):
@@ -75,10 +84,10 @@ class _Hybrid:
     """HybridNorm: attention without input norm but with Q/K/V norms; FFN residual N(x) + FFN(N(x))."""
 
     def _hybridise(self) -> None:
-        self.self_attn_layer_norm = nn.Identity()
+        self.self_attn_layer_norm = Contiguous()
         attach_qkv_norms(self.self_attn)
         if getattr(self, "encoder_attn", None) is not None:
-            self.encoder_attn_layer_norm = nn.Identity()
+            self.encoder_attn_layer_norm = Contiguous()
             attach_qkv_norms(self.encoder_attn)
 
     def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:

@@ -57,6 +57,7 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     read_manifest,
     run_main,
     write_json,
+    write_text,
 )
 
 VARIANTS = ("warmup", "nowarmup", "warmdecay")

@@ -13,7 +13,7 @@ import shlex
 import study_lm
 import study_plots
 import study_stats
-from study_common import write_json
+from study_common import write_json, write_text
 from study_report_common import (
     Metric,
     Score,
@@ -73,7 +73,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     }  # fmt: skip
     context["reading"] = reading(rows, context, missing=len(missing), total=len(runs) + len(missing),
                                  runs=list(results.values()))  # fmt: skip
-    (out / "results.md").write_text(markdown(rows, choices, context), encoding="utf-8")
+    write_text(out / "results.md", markdown(rows, choices, context))
     write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo), "test",
                                                     rows, choices, results, repo, "scores", task=study_lm.TASK))
     return {**context, "rows": rows}

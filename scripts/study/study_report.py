@@ -14,7 +14,7 @@ from pathlib import Path
 
 import study_plots
 import study_stats
-from study_common import Run, read_lines, write_json
+from study_common import Run, read_lines, write_json, write_text
 from study_report_common import (
     Metric,
     Score,
@@ -74,7 +74,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
     context["reading"] = reading(rows, context["budget_text"], missing=len(missing), total=len(runs) + len(missing),
                                  margin=args.level_margin, runs=list(results.values()), choices=choices,
                                  trend_text=_trend_text(context))  # fmt: skip
-    (out / "results.md").write_text(markdown(rows, choices, context), encoding="utf-8")
+    write_text(out / "results.md", markdown(rows, choices, context))
     write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo),
                                                     study.test_set["name"], rows, choices, results, repo, "hyps"))
     return {**context, "rows": rows}
