@@ -182,8 +182,10 @@ def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_pat
     other = json.loads((tmp_path / "b.json").read_text())
     other["settings"]["rounds"] = 5
     (tmp_path / "c.json").write_text(json.dumps(other))
+    (tmp_path / "d.json").write_text(json.dumps({"settings": other["settings"] | {"rounds": 1}, "results": [{}],
+                                                 "machine": {}}))
     for bad, message in ((["a.json", "c.json"], "setting rounds is 5"), (["a.json", "a.json"], "residual: measured in more"),
-                         (["a.json", "missing.json"], "not a readable JSON report")):
+                         (["a.json", "missing.json"], "not a readable JSON report"), (["a.json", "d.json"], "not a complete")):
         with pytest.raises(SystemExit) as exit_:
             merge.main([str(tmp_path / name) for name in bad])
         assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -28,14 +28,22 @@ class MergeError(Exception):
 
 
 def merge(reports: list[dict], names: list[str]) -> dict:
+    try:
+        return _merge(reports, names)
+    except (KeyError, TypeError, AttributeError) as err:  # a hand-edited or foreign JSON: say so, no traceback
+        raise MergeError(f"one of {', '.join(names)} is not a complete benchmark.py report "
+                         f"({type(err).__name__}: {err})") from err
+
+
+def _merge(reports: list[dict], names: list[str]) -> dict:
     first = reports[0]
-    for report, name in zip(reports[1:], names[1:], strict=True):
+    for report, name in zip(reports, names, strict=True):
+        if report["settings"].get("task") == "lm":
+            raise MergeError(f"{name}: a --task lm report; merging is for translation reports")
         for key in sorted(set(first["settings"]) | set(report["settings"])):
             if key not in FREE_SETTINGS and first["settings"].get(key) != report["settings"].get(key):
                 raise MergeError(f"{name}: setting {key} is {report['settings'].get(key)!r}, "
                                  f"{names[0]} has {first['settings'].get(key)!r}; only runs with the same settings merge")
-        if report.get("settings", {}).get("task") == "lm":
-            raise MergeError(f"{name}: a --task lm report; merging is for translation reports")
     depths = list(dict.fromkeys(res["depth"] for report in reports for res in report["results"]))
     results = []
     for depth in depths:
