@@ -17,7 +17,7 @@ for _path in (REPO, REPO / "scripts"):  # the plugin, and recipe_common's atomic
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from recipe_common import atomic_path
+from recipe_common import atomic_path, write_text
 
 from fairseq_plugins.validation import (
     argparse_type,
@@ -134,11 +134,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 def write_json(path: Path, data) -> None:
     write_text(path, json.dumps(data, indent=1) + "\n")
 
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` under a temporary name and move it into place: never a half-written report."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def pyplot():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules, also when loaded by path
 
-from bench_report import check_targets, markdown, write_report
+from bench_report import check_targets, publish
 
 # settings that may differ between merged runs: the ones that only say how a run was split or reported
 FREE_SETTINGS = {"group_size", "profile", "profile_repeats", "memory"}
@@ -89,12 +89,7 @@ def main(argv=None) -> int:
         merged = merge(reports, [str(path) for path in opts.reports])
     except MergeError as err:
         p.error(str(err))
-    text = markdown(merged)
-    print(text)
-    if opts.markdown:
-        write_report(opts.markdown, text)
-    if opts.json:
-        write_report(opts.json, json.dumps(merged, indent=1) + "\n")
+    publish(merged, opts.markdown, opts.json)
     return 0
 
 

@@ -1,12 +1,15 @@
 """The benchmark's report: the targets' verdicts and the Markdown tables (ratios, absolute throughput, memory,
 MFU; per precision when several were measured; the profiles of the families that miss a target)."""
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipe_common's atomic writes
 from bench_families import BASELINE, TARGETS
-from recipe_common import atomic_path
+
+# reports move into place whole: an interrupted run leaves the old one
+from recipe_common import write_text as write_report
 
 # the metrics whose rows hold per-round ratios (a dict with a median) and that a profile can explain; memory
 # is one deterministic ratio, and its breakdown is in the memory measurement itself
@@ -242,7 +245,11 @@ def precision_table(report: dict) -> list[str]:
     return lines
 
 
-def write_report(path: Path, text: str) -> None:
-    """Write a report under a temporary name and move it into place: an interrupted run leaves the old one."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+def publish(report: dict, markdown_path: Path | None, json_path: Path | None) -> None:
+    """Print the Markdown report and write it and the JSON where asked (benchmark.py, bench_merge.py)."""
+    text = markdown(report)
+    print(text)
+    if markdown_path:
+        write_report(markdown_path, text)
+    if json_path:
+        write_report(json_path, json.dumps(report, indent=1) + "\n")

@@ -92,7 +92,6 @@ a group's models all live in memory at once.
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -133,7 +132,7 @@ from bench_families import (  # noqa: F401
     registered_families,
 )
 from bench_lm import LM_DEPTH_NAMES, LM_WIDTH_NAMES, lm_families, lm_shape
-from bench_report import check_targets, markdown, missed_metrics, write_report  # noqa: F401
+from bench_report import check_targets, markdown, missed_metrics, publish, write_report  # noqa: F401
 from bench_run import grn_kernels_status, run_benchmark  # noqa: F401
 
 LM_DEFAULT_DEPTH = "d6"
@@ -359,12 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["machine"]["cpu"] = _cpu_name()
     report["command"] = "python scripts/benchmark/benchmark.py " + portable_command(sys.argv[1:] if argv is None else argv)
     report["seconds"] = time.time() - start
-    text = markdown(report)
-    print(text)
-    if opts.markdown:
-        write_report(opts.markdown, text)
-    if opts.json:
-        write_report(opts.json, json.dumps(report, indent=1) + "\n")
+    publish(report, opts.markdown, opts.json)
     log(f"done in {report['seconds']:.0f} s")
     return 0
 
