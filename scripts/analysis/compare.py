@@ -291,7 +291,6 @@ def main(argv=None) -> list[dict]:
     rows = combine(logs, evals)
     table = markdown_table(rows)
     print(table, end="")
-    with_suffix(args.out, ".md").parent.mkdir(parents=True, exist_ok=True)
     write_text(with_suffix(args.out, ".md"), table)
     write_csv(with_suffix(args.out, ".csv"), rows)
     write_json(with_suffix(args.out, ".json"), {"runs": rows, "curves": {lg["run"]: lg["valid"] for lg in logs}})
