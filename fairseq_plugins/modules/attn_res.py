@@ -108,7 +108,9 @@ class _Store(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v: Tensor, keys: Tensor, src: _Sources, first: int, eps: float) -> Tensor:
         slot = len(src.values)
-        rows = v.reshape(-1, v.shape[-1])
+        # detached: a view of v would keep v's grad_fn alive through src, which every read's ctx holds, a cycle
+        # through the autograd graph that Python's collector cannot see (each step's graph would leak)
+        rows = v.detach().reshape(-1, v.shape[-1])
         src.values.append(rows)
         if src.bank is not None:
             src.bank[slot].copy_(rows)

@@ -57,12 +57,13 @@ class _Outputs:
     """X_0 .. X_i of one forward pass side by side, ``bank`` (slots, tokens, D), so that a connection's
     aggregation is one batched product (N, ways, i+1) x (N, i+1, D) instead of i + 1 multiply-adds over
     (N, ways, D); in backward the gradients of the slots, accumulated in place by the connections (``grad``,
-    its first ``grad_rows`` slots written)."""
+    its first ``grad_rows`` slots written). The autograd functions' ctx keep it, so it holds no tensor with
+    autograd history: the handles live on the forward pass's _State (a handle here would close a cycle through
+    its grad_fn that Python's collector cannot see, leaking each step's graph)."""
 
     def __init__(self, slots: int, like: Tensor):
         self.bank = like.new_empty(slots, like.numel() // like.shape[-1], like.shape[-1])
         self.count = 0
-        self.handles: list[Tensor] = []
         self.grad: Tensor | None = None
         self.grad_rows = 0
         self.consumed = 0  # slots whose gradient _Keep handed back in this backward
@@ -164,14 +165,16 @@ class DenseConnection(nn.Module):
                 mixed = torch.addcmul(mixed, a[..., j, :], outputs[j].unsqueeze(-2))
             return tuple(mixed.unbind(-2))
         with autocast_off(last.device.type):  # in the outputs' dtype, as the running sum
-            mixed = call(_Aggregate, a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outs.handles)
+            mixed = call(_Aggregate, a.reshape(-1, self.ways, self.index + 1).to(outs.bank.dtype), outs, *outputs.handles)
         return tuple(mixed.view(*last.shape[:-1], self.ways, last.shape[-1]).unbind(-2))
 
 
 class _State(list):
-    """The block outputs X_0 .. X_i recorded so far (a list), with their bank (``outs``)."""
+    """The block outputs X_0 .. X_i recorded so far (a list), with their bank (``outs``) and the handles that
+    order every aggregation's backward before the _Keep backward of the slots it reads."""
 
     outs: _Outputs
+    handles: list
 
 
 class MultiwayDenseConnections(nn.Module):
@@ -205,7 +208,7 @@ class MultiwayDenseConnections(nn.Module):
     def start(self, x0: Tensor) -> tuple[list, tuple]:
         state = _State([x0])
         state.outs = _Outputs(self.num_layers + 1, x0)
-        state.outs.handles.append(call(_Keep, x0, state.outs))
+        state.handles = [call(_Keep, x0, state.outs)]
         return state, (x0,) * self.ways
 
     def forward(self, index: int, state: list, output: Tensor) -> tuple:
@@ -214,5 +217,5 @@ class MultiwayDenseConnections(nn.Module):
             raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
         state.append(output)
         if isinstance(state, _State):
-            state.outs.handles.append(call(_Keep, output, state.outs))
+            state.handles.append(call(_Keep, output, state.outs))
         return self.connections[index - 1](state)
