@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zlib
@@ -54,6 +55,19 @@ def run_main(tag: str, main: Callable[[], None]) -> None:
 
 def log(tag: str, message: str) -> None:
     print(f"[{tag}] {message}", flush=True)
+
+
+def exit_text(status: int) -> str:
+    """A child's exit status for a message: a negative one is the signal that killed it, by name, and SIGKILL
+    with no one asking is most often the kernel's out-of-memory killer."""
+    if status >= 0:
+        return f"exit {status}"
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        return f"killed by signal {-status}"
+    hint = " (without a Ctrl-C or kill of yours, most often the out-of-memory killer: `dmesg` says)" if name == "SIGKILL" else ""
+    return f"killed by {name}{hint}"
 
 
 def env_flag(value: str | None, name: str) -> bool:
@@ -150,7 +164,7 @@ def run_command(tag: str, cmd: Sequence, env: dict | None = None, quiet: bool = 
     )
     if proc.returncode != 0:
         tail = ((proc.stdout or "") + (proc.stderr or ""))[-3000:] if quiet else "(output above)"
-        raise RecipeError(f"{Path(cmd[2]).name if cmd[1] == '-m' else cmd[0]} failed (exit {proc.returncode}): {tail}")
+        raise RecipeError(f"{Path(cmd[2]).name if cmd[1] == '-m' else cmd[0]} failed ({exit_text(proc.returncode)}): {tail}")
     return proc.stdout or ""
 
 

@@ -400,3 +400,13 @@ def test_wmt14_prepare_train_average_evaluate(tmp_path):
     assert "compound splitting" in results["signatures"]["tokenized_bleu"]
     hyps = (tmp_path / "eval" / "hyps" / "newstest2014.de").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 6 and not any("@@" in h for h in hyps)
+
+
+def test_exit_text_names_the_signal_and_the_likely_out_of_memory_kill():
+    import recipe_common
+
+    assert recipe_common.exit_text(0) == "exit 0" and recipe_common.exit_text(2) == "exit 2"
+    assert recipe_common.exit_text(-signal.SIGTERM) == "killed by SIGTERM"
+    killed = recipe_common.exit_text(-signal.SIGKILL)
+    assert killed.startswith("killed by SIGKILL") and "out-of-memory" in killed and "dmesg" in killed
+    assert recipe_common.exit_text(-200) == "killed by signal 200"

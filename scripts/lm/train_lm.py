@@ -44,6 +44,7 @@ from training_common import (
     PLUGIN_DIR,
     REPO,
     RecipeError,
+    exit_text,
     log,
     run_main,
     split_passthrough,
@@ -245,7 +246,7 @@ def train(p: Plan) -> None:
     start = time.monotonic()
     status, _ = stream(p.command)
     if status != 0:
-        raise RecipeError(f"fairseq-train failed (exit {status}); its output is above")
+        raise RecipeError(f"fairseq-train failed ({exit_text(status)}); its output is above")
     log(TAG, f"done in {(time.monotonic() - start) / 60:.1f} min: {p.save_dir}")
 
 

@@ -51,6 +51,7 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     REPO,
     RecipeError,
     atomic_path,
+    exit_text,
     fairseq_module,
     log,
     read_lines,

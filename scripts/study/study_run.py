@@ -31,6 +31,7 @@ from study_common import (
     attempt_line,
     command_differences,
     early_stop,
+    exit_text,
     read_curves,
     read_lines,
     train_command,
@@ -287,7 +288,7 @@ class Study(Console):
                 continue
             del self.train[run]
             if status != 0:
-                raise RecipeError(f"training {run.name} failed (exit {status}); see {proc.log_file}")
+                raise RecipeError(f"training {run.name} failed ({exit_text(status)}); see {proc.log_file}")
             if self.hook and self.hook["run"] == run:
                 with open(proc.log_file, "a", encoding="utf-8") as f:
                     f.write(INTERRUPTED)  # its "done training" came from the hook's --max-update, not the budget
@@ -300,7 +301,7 @@ class Study(Console):
                 continue
             del self.evals[run]
             if status != 0:
-                raise RecipeError(f"evaluation of {run.name} failed (exit {status}); see {proc.log_file}")
+                raise RecipeError(f"evaluation of {run.name} failed ({exit_text(status)}); see {proc.log_file}")
             for stale in (self.run_dir(run) / "checkpoints").glob("checkpoint_*_*.pt"):
                 stale.unlink()  # the interval checkpoint only served resuming; best (and last) stay
 

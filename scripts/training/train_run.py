@@ -12,7 +12,7 @@ from pathlib import Path
 from setups import FIELDS
 from train_options import TAG
 from train_plan import Plan
-from training_common import REPO, RecipeError, log, write_json
+from training_common import REPO, RecipeError, exit_text, log, write_json
 
 
 def render(cmd: list[str]) -> str:
@@ -91,7 +91,7 @@ def train(p: Plan, args) -> None:
     status, output = stream(p.command)
     seconds = time.monotonic() - start
     if status != 0:
-        raise RecipeError(f"fairseq-train failed (exit {status}); its output is above")
+        raise RecipeError(f"fairseq-train failed ({exit_text(status)}); its output is above")
     summary = {"arch": p.arch, "dataset": p.dataset, "data": str(p.data), "command": p.command, "setup": p.setup,
                "hparams": {k: r.value for k, r in p.rows.items()}, "gpus": p.gpus, "nodes": p.nodes,
                "fp16": p.precision != "fp32", "precision": p.precision, "update_freq": p.update_freq,

@@ -18,6 +18,7 @@ from recipe_common import (  # noqa: F401  (re-exported: the training scripts im
     REPO,
     RecipeError,
     atomic_path,
+    exit_text,
     fairseq_module,
     log,
     read_lines,
