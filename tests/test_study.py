@@ -667,3 +667,54 @@ def test_arch_lrs_lists_widen_one_models_grid():
     with pytest.raises(study_common.RecipeError, match="ARCH_LRS gives transformer_preln_iwslt_e12d12 warm-up 900"):
         study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1 2", "--max-update", "800",
                           "--arch-lrs", "transformer_preln_iwslt_e12d12=1e-3@100,900"])  # fmt: skip
+
+
+class _Finished:
+    """A training or evaluation process that has already ended with ``status``, having written ``files``."""
+
+    def __init__(self, log_file, status: int, files: dict):
+        self.log_file, self.status, self.files = log_file, status, files
+
+    def poll(self):
+        for path, text in self.files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        self.files = {}
+        return self.status
+
+    def stop(self):
+        pass
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys):
+    import study_run
+
+    monkeypatch.setattr(study_run.time, "sleep", lambda seconds: None)
+    args = study.parse_args(["--archs", "transformer_preln_e6d6 residual_e6d6", "--seeds", "1 2", "--max-update", "4",
+                             "--out-dir", str(tmp_path)])  # fmt: skip
+    tuning, later = study.grid(args)
+    runner = study_run.Study(args, tmp_path / "data", {"tests": [{"name": "test"}]})
+    # residual's seed-1 training is killed (as by the out-of-memory killer); Pre-LN's seed-2 evaluation fails
+    train_fails, eval_fails = {("residual_e6d6", 1)}, {("transformer_preln_e6d6", 2)}
+
+    def train(run):
+        log = runner.run_dir(run) / "train.log"
+        text = _record("01", "train_inner", 4, 6.0) + "\n" + _record("02", "valid", 4, 5.5) + "\n| done training in 1 s\n"
+        return _Finished(log, -9 if (run.arch, run.seed) in train_fails else 0, {log: text})
+
+    def evaluate(run):
+        results = runner.run_dir(run) / "eval" / "results.json"
+        failed = (run.arch, run.seed) in eval_fails
+        return _Finished(runner.run_dir(run) / "eval.log", 1 if failed else 0, {} if failed else {results: "{}"})
+
+    monkeypatch.setattr(runner, "_train", train)
+    monkeypatch.setattr(runner, "_evaluate", evaluate)
+    finished = runner.execute(tuning, later)
+    assert [(r.arch, r.seed) for r in finished] == [("transformer_preln_e6d6", 1)]
+    assert sorted((r.arch, r.seed) for r in runner.failed) == [("residual_e6d6", 1), ("transformer_preln_e6d6", 2)]
+    out = capsys.readouterr().out
+    assert "training residual_e6d6.warmup.lr0.001.wu400.s1 failed (killed by SIGKILL" in out and "the other runs go on" in out
+    # residual's seed 2 waits for its seed-1 run, so it never started; the finished runs make a partial report
+    assert not runner.run_dir(study_run.Run("residual_e6d6", "warmup", 1e-3, 400, 2)).exists()
+    done, missing = runner.finished_runs(tuning, later)
+    assert [r.name for r in done] == ["transformer_preln_e6d6.warmup.lr0.001.wu400.s1"] and len(missing) == 3

@@ -368,6 +368,13 @@ def main(argv=None, defaults: Defaults | None = None):
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if study.failed:  # the report of what finished, as REPORT_ONLY makes it, then the failures
+        runs, missing = study.finished_runs(tuning, later)
+        if runs:
+            reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
+        raise RecipeError(f"{len(study.failed)} of {n_runs} runs failed ({'; '.join(study.failed.values())})"
+                          f"{'; the report covers the others' if runs else ''}; after fixing the cause, the same "
+                          "command continues (finished runs are kept)")  # fmt: skip
     context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO)
     print("\n" + table(context["rows"]), flush=True)
     print(f"\nplots: {context['curves_png']}, {context.get('ppl_png') or context['bleu_png']}\ntables: {out / 'results.md'}, {out / 'results.json'}")

@@ -59,6 +59,8 @@ class Console:
         seconds = max([p[1] for p in curves["train"] + curves["valid"]], default=0.0)
         if self.is_evaluated(run):
             state = "done"
+        elif run in getattr(self, "failed", {}):
+            state = "FAILED"
         elif self.is_done(run):
             state = "translating" if run in self.evals else "trained"
         elif run in self.train:

@@ -6,6 +6,7 @@ one continues from its checkpoint_last.pt (fairseq restores it from the same sav
 that finished are reused. Early stopping (PATIENCE) is fairseq's ``--patience``; because fairseq forgets its
 count when a run is resumed, the tool applies the same rule to the run's whole validation record
 (study_common.early_stop) and stops a resumed run itself at the validation an uninterrupted run stops at.
+A failed run (Study._fail) does not stop the others; study.py ends with the partial report and an error.
 """
 
 import itertools
@@ -92,6 +93,7 @@ class Study(Console):
         self.train: dict[Run, Process] = {}
         self.evals: dict[Run, Process] = {}
         self.finished: list[Run] = []
+        self.failed: dict[Run, str] = {}  # run -> why: the other runs go on, the study ends with an error
         self.hook = self._hook()
         self.interrupted_by_hook = False
         self.last_report = -1
@@ -133,6 +135,8 @@ class Study(Console):
         total = len(tuning) + len(later)
         while True:
             choices = self._choices(tuning)
+            failed_groups = {run.group for run in tuning if run in self.failed}
+            blocked = [run for run in later if run not in resolved and run.group in failed_groups]
             for run in later:
                 if run not in resolved and (target := self.resolve(run, choices)) is not None:
                     resolved[run] = target
@@ -142,7 +146,7 @@ class Study(Console):
                     else:
                         pending_train.append(target)
             all_runs = tuning + list(resolved.values())
-            for run in [r for r in all_runs if self.is_done(r) and not self.is_evaluated(r)]:
+            for run in [r for r in all_runs if self.is_done(r) and not self.is_evaluated(r) and r not in self.failed]:
                 if run not in self.evals and len(self.train) + len(self.evals) < self.args.jobs:
                     self.evals[run] = self._evaluate(run)
             while pending_train and len(self.train) + len(self.evals) < self.args.jobs:
@@ -154,10 +158,10 @@ class Study(Console):
                     proc.stop()
                 raise KeyboardInterrupt
             self._progress(all_runs, total, skipped)
-            if (not pending_train and not self.train and not self.evals and len(resolved) == len(later)
-                    and all(self.is_evaluated(r) for r in all_runs)):  # fmt: skip
+            if (not pending_train and not self.train and not self.evals and len(resolved) + len(blocked) == len(later)
+                    and all(self.is_evaluated(r) or r in self.failed for r in all_runs)):  # fmt: skip
                 self._progress(all_runs, total, skipped, final=True)
-                return all_runs
+                return [r for r in all_runs if r not in self.failed]
             time.sleep(0.5 if self.hook else 2.0)
 
     def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
@@ -170,6 +174,12 @@ class Study(Console):
         for run in done:
             self._check_reusable(run)
         return done, [run for run in runs if run not in done]
+
+    def _fail(self, run: Run, why: str) -> None:
+        """A run that failed: said now, and the study goes on with the runs that do not depend on it (a later
+        seed waits for its model's tuning runs), so that one out-of-memory kill does not idle the machine."""
+        self.failed[run] = why
+        print(f"[study] error: {why}; the other runs go on", flush=True)
 
     def _check_reusable(self, run: Run) -> None:
         """A finished run is reused only if it was trained by the command this study would run now.
@@ -288,7 +298,8 @@ class Study(Console):
                 continue
             del self.train[run]
             if status != 0:
-                raise RecipeError(f"training {run.name} failed ({exit_text(status)}); see {proc.log_file}")
+                self._fail(run, f"training {run.name} failed ({exit_text(status)}); see {proc.log_file}")
+                continue
             if self.hook and self.hook["run"] == run:
                 with open(proc.log_file, "a", encoding="utf-8") as f:
                     f.write(INTERRUPTED)  # its "done training" came from the hook's --max-update, not the budget
@@ -301,7 +312,8 @@ class Study(Console):
                 continue
             del self.evals[run]
             if status != 0:
-                raise RecipeError(f"evaluation of {run.name} failed ({exit_text(status)}); see {proc.log_file}")
+                self._fail(run, f"evaluation of {run.name} failed ({exit_text(status)}); see {proc.log_file}")
+                continue
             for stale in (self.run_dir(run) / "checkpoints").glob("checkpoint_*_*.pt"):
                 stale.unlink()  # the interval checkpoint only served resuming; best (and last) stay
 
