@@ -110,9 +110,13 @@ def once_differentiable(backward, message: str = NO_DOUBLE_BACKWARD):
     def wrapper(ctx, *grads):
         with torch.no_grad():
             results = backward(ctx, *grads)
-        anchor = next((g for g in grads if isinstance(g, Tensor) and g.requires_grad), None)
-        if not torch.is_grad_enabled() or anchor is None:
+        if not torch.is_grad_enabled():  # create_graph=False: nothing can differentiate the results
             return results
+        # the results depend on the saved inputs even where no incoming gradient carries a graph (a loss that
+        # is a plain sum, an aggregation's empty handle): tied to a leaf of their own then, so that a second
+        # backward still reaches the error instead of treating them as constants
+        anchor = next((g for g in grads if isinstance(g, Tensor) and g.requires_grad), None)
+        anchor = torch.zeros((), requires_grad=True) if anchor is None else anchor
         flat = [t for r in results for t in (r if isinstance(r, list | tuple) else [r]) if isinstance(t, Tensor)]
         tied = iter(_Undifferentiable.apply(anchor, message, *flat))
 

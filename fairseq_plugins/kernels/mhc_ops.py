@@ -21,7 +21,8 @@ from .grn_ops import once_differentiable
 
 NO_DOUBLE_BACKWARD = (
     "the mHC kernel (fairseq_plugins/kernels/mhc_cpu.c) has no second derivative: a double backward "
-    "(create_graph=True, e.g. a gradient penalty) cannot go through it; set FAIRSEQ_PLUGINS_MHC_KERNEL=0"
+    "(create_graph=True, e.g. a gradient penalty) cannot go through it (nor through the PyTorch code, "
+    "modules/mhc.py, whose Sinkhorn backward has none either)"
 )
 
 

@@ -47,12 +47,20 @@ norm. ``sublayer`` maps h `(seq_len, batch, embed_dim)` to dropout(F(LN(h))).
 """
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ..kernels.grn_ops import once_differentiable
+
 RMS_EPS = 1e-6
+# the backwards accumulate into buffers shared by the pass, outside autograd: a second derivative would be wrong
+NO_DOUBLE_BACKWARD = (
+    "AttnRes (fairseq_plugins/modules/attn_res.py) has no second derivative: a double backward (create_graph=True, "
+    "e.g. a gradient penalty) cannot go through it"
+)
 
 
 def autocast_off(device_type: str):
@@ -124,6 +132,7 @@ class _Store(torch.autograd.Function):
         return v.new_empty(0)
 
     @staticmethod
+    @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, _):
         keys, inv = ctx.saved_tensors
         src, s, f = ctx.src, ctx.slot, ctx.first
@@ -175,6 +184,7 @@ class _Read(torch.autograd.Function):
         return out
 
     @staticmethod
+    @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
         weights, wt, partial = ctx.saved_tensors
         src, q, k = ctx.src, ctx.query, ctx.slots

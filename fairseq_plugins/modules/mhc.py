@@ -60,13 +60,14 @@ Interface: ``ManifoldHyperConnection(embed_dim, rate=4, site=0, residual="sinkho
 """
 
 import contextlib
+import functools
 import itertools
 import math
 
 import torch
 from torch import Tensor, nn
 
-from ..kernels import mhc_kernel, mhc_ops
+from ..kernels import grn_ops, mhc_kernel, mhc_ops
 from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
@@ -76,6 +77,11 @@ GATE_INIT = 0.01
 SINKHORN_ITERS = 20
 RMS_EPS = 1e-20
 OFF_DIAGONAL_LOGIT = -8.0
+
+NO_DOUBLE_BACKWARD = (
+    "mHC's Sinkhorn normalisation (fairseq_plugins/modules/mhc.py) has no second derivative: a double "
+    "backward (create_graph=True, e.g. a gradient penalty) cannot go through it"
+)
 
 
 # exp-then-divide needs every iterate's entries representable: with the logits of a matrix within a spread s,
@@ -147,6 +153,8 @@ class _Normalisations(torch.autograd.Function):
         return m
 
     @staticmethod
+    # its formula treats the saved iterates as constants: a second derivative would miss their terms
+    @functools.partial(grn_ops.once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
         grad = grad.contiguous()  # arrives as a transposed view: strided operators are 3-4x slower

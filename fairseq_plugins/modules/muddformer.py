@@ -41,16 +41,23 @@ Interface: ``MultiwayDenseConnections(embed_dim, num_layers, ways=4)``; per forw
 or of one tensor (Xbar_L^R, before the final norm) after the last block.
 """
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels.grn_ops import once_differentiable
 from .attn_res import autocast_off, call
 from .skinny import skinny_matmul
 
 RMS_EPS = 1e-6
+# the backwards accumulate into the pass's bank gradient, outside autograd: a second derivative would be wrong
+NO_DOUBLE_BACKWARD = (
+    "MUDD (fairseq_plugins/modules/muddformer.py) has no second derivative: a double backward (create_graph=True, "
+    "e.g. a gradient penalty) cannot go through it"
+)
 
 
 class _Outputs:
@@ -81,6 +88,7 @@ class _Keep(torch.autograd.Function):
         return x.new_empty(0)
 
     @staticmethod
+    @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, _):
         outs, s = ctx.outs, ctx.slot
         if outs.grad is None or s >= outs.grad_rows:
@@ -107,6 +115,7 @@ class _Aggregate(torch.autograd.Function):
         return torch.bmm(a, outs.bank[:k].transpose(0, 1))
 
     @staticmethod
+    @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
         (a,) = ctx.saved_tensors
         outs, k = ctx.outs, a.shape[-1]

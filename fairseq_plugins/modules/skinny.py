@@ -13,8 +13,17 @@ contiguous floats). One autograd node: its backward returns the input gradient o
 scale in one ``addmm`` (autograd's pow, mean, expand and sum took four passes over the nC-wide rows).
 """
 
+import functools
+
 import torch
 from torch import Tensor
+
+from ..kernels.grn_ops import once_differentiable
+
+NO_DOUBLE_BACKWARD = (
+    "the RMS-scaled coefficient product (fairseq_plugins/modules/skinny.py, rms_project_t) has no second "
+    "derivative: a double backward (create_graph=True, e.g. a gradient penalty) cannot go through it"
+)
 
 
 class _SkinnyMatmul(torch.autograd.Function):
@@ -48,6 +57,9 @@ class _RMSProjectT(torch.autograd.Function):
         return raw * scale
 
     @staticmethod
+    # its formula treats the saved forward intermediates (raw, scale) as constants: a second derivative would
+    # miss their terms
+    @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
         v, w, raw, scale = ctx.saved_tensors
         g = grad * scale  # d/d raw

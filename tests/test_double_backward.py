@@ -1,0 +1,92 @@
+"""A double backward (create_graph=True, e.g. a gradient penalty) through the plugin's hand-written backwards
+raises an error naming the module, instead of silently dropping terms.
+
+AttnRes's and MUDD's backwards accumulate into buffers shared by the forward pass, outside autograd; mHC's
+Sinkhorn normalisation and the RMS-scaled coefficient product treat saved forward intermediates as constants.
+Each would give a wrong second derivative, so each is once-differentiable, as the fused kernels already were.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from fairseq_plugins.kernels import grn_kernel
+from fairseq_plugins.modules.attn_res import AttentionResiduals
+from fairseq_plugins.modules.grn import GRNv3
+from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
+from fairseq_plugins.modules.muddformer import MultiwayDenseConnections
+from fairseq_plugins.modules.skinny import rms_project_t
+
+from .new_ideas_common import DIM, branch, branch_weights, random_input, randomize_
+from .test_grn_kernel_modes import gated
+from .test_new_muddformer import layer_weights
+from .test_new_muddformer import run as run_mudd
+
+
+def _attn_res(block_size):
+    ar = AttentionResiduals(DIM, 4, block_size).double()
+    randomize_(ar, scale=1.0)
+    weights = branch_weights(4)
+
+    def f(x):
+        state = ar.start(x)
+        for l, w in enumerate(weights):
+            ar(l, state, lambda h, w=w: branch(h, w))
+        return ar.finish(state)
+
+    return f
+
+
+def _mudd():
+    mudd = MultiwayDenseConnections(DIM, 3).double()
+    randomize_(mudd)
+    weights = layer_weights(3)
+    return lambda x: run_mudd(mudd, x, weights)
+
+
+def _sinkhorn(x):
+    return sinkhorn_tokens_last(x[..., :16].reshape(4, 4, -1).exp().log(), 5)
+
+
+def _rms_project(x):
+    return rms_project_t(x.reshape(-1, DIM), torch.linspace(-1, 1, DIM * 3, dtype=x.dtype).view(DIM, 3), 1e-6)
+
+
+def _grn(kernel: bool):
+    grn, norm = gated(GRNv3(DIM, 3, 3)).double(), nn.LayerNorm(DIM).double()
+
+    def f(x):
+        with grn_kernel.enabled(kernel):
+            return grn([torch.stack([x, x.tanh(), x.sin()])], norm=norm)[1]
+
+    return f
+
+
+CASES = {"attnres_full": (_attn_res(1), "attn_res.py"), "attnres_block": (_attn_res(2), "attn_res.py"),
+         "mudd": (_mudd(), "muddformer.py"), "mhc_sinkhorn": (_sinkhorn, "mhc.py"),
+         "rms_project_t": (_rms_project, "skinny.py"), "grn_kernel": (_grn(True), "grn.py"),
+         "grn_pytorch": (_grn(False), "grn.py")}  # fmt: skip
+# a squared loss sends gradients that carry a graph; a plain sum sends constants, which must not make the
+# function's own second-order term vanish
+LOSSES = {"square": lambda y: y.square().sum(), "sum": lambda y: y.sum()}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("name", list(CASES))
+def test_double_backward_raises_an_error_naming_the_module(name, loss):
+    f, module = CASES[name]
+    x = random_input(3, 2, DIM).requires_grad_()
+    (grad,) = torch.autograd.grad(LOSSES[loss](f(x)), x, create_graph=True)
+    assert grad.requires_grad  # the function's term is tied to the error, not silently dropped
+    with pytest.raises(RuntimeError, match="no second derivative") as err:
+        grad.square().sum().backward()
+    assert module in str(err.value)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_first_derivative_is_unchanged_under_create_graph(name):
+    f, _ = CASES[name]
+    x = random_input(3, 2, DIM).requires_grad_()
+    (plain,) = torch.autograd.grad(f(x).square().sum(), x)
+    (graph,) = torch.autograd.grad(f(x).square().sum(), x, create_graph=True)
+    torch.testing.assert_close(graph.detach(), plain, rtol=0, atol=0)
