@@ -691,30 +691,38 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(study_run.time, "sleep", lambda seconds: None)
     args = study.parse_args(["--archs", "transformer_preln_e6d6 residual_e6d6", "--seeds", "1 2", "--max-update", "4",
-                             "--out-dir", str(tmp_path)])  # fmt: skip
+                             "--lrs", "1e-3 2e-3", "--out-dir", str(tmp_path)])  # fmt: skip
     tuning, later = study.grid(args)
     runner = study_run.Study(args, tmp_path / "data", {"tests": [{"name": "test"}]})
-    # residual's seed-1 training is killed (as by the out-of-memory killer); Pre-LN's seed-2 evaluation fails
-    train_fails, eval_fails = {("residual_e6d6", 1)}, {("transformer_preln_e6d6", 2)}
+    # one of residual's two tuning runs is killed (as by the out-of-memory killer) while the other trains on;
+    # Pre-LN chooses 2e-3 (the lower loss) and its seed-2 run there trains, but its evaluation fails
+    train_fails, eval_fails = {("residual_e6d6", 2e-3, 1)}, {("transformer_preln_e6d6", 2e-3, 2)}
 
     def train(run):
         log = runner.run_dir(run) / "train.log"
-        text = _record("01", "train_inner", 4, 6.0) + "\n" + _record("02", "valid", 4, 5.5) + "\n| done training in 1 s\n"
-        return _Finished(log, -9 if (run.arch, run.seed) in train_fails else 0, {log: text})
+        loss = 5.5 - 1000 * run.lr
+        start = study_common._seconds("2026-01-01 00:00:00")
+        text = "\n".join([study_common.attempt_line(1, start).strip(), _record("00:01", "train_inner", 4, 6.0),
+                          _record("00:02", "valid", 4, loss), "| done training in 1 s"]) + "\n"  # fmt: skip
+        return _Finished(log, -9 if (run.arch, run.lr, run.seed) in train_fails else 0, {log: text})
 
     def evaluate(run):
         results = runner.run_dir(run) / "eval" / "results.json"
-        failed = (run.arch, run.seed) in eval_fails
+        failed = (run.arch, run.lr, run.seed) in eval_fails
         return _Finished(runner.run_dir(run) / "eval.log", 1 if failed else 0, {} if failed else {results: "{}"})
 
     monkeypatch.setattr(runner, "_train", train)
     monkeypatch.setattr(runner, "_evaluate", evaluate)
     finished = runner.execute(tuning, later)
-    assert [(r.arch, r.seed) for r in finished] == [("transformer_preln_e6d6", 1)]
-    assert sorted((r.arch, r.seed) for r in runner.failed) == [("residual_e6d6", 1), ("transformer_preln_e6d6", 2)]
+    assert sorted((r.arch, r.lr, r.seed) for r in finished) == [
+        ("residual_e6d6", 1e-3, 1), ("transformer_preln_e6d6", 1e-3, 1), ("transformer_preln_e6d6", 2e-3, 1)]
+    assert sorted((r.arch, r.lr, r.seed) for r in runner.failed) == [
+        ("residual_e6d6", 2e-3, 1), ("transformer_preln_e6d6", 2e-3, 2)]
+    # residual's seed 2 waits for its tuning runs, one of which failed: never started, and named
+    assert [(r.arch, r.seed) for r in runner.blocked] == [("residual_e6d6", 2)]
+    assert not any(p.name.startswith("residual_e6d6") and p.name.endswith(".s2") for p in (tmp_path / "runs").iterdir())
     out = capsys.readouterr().out
-    assert "training residual_e6d6.warmup.lr0.001.wu400.s1 failed (killed by SIGKILL" in out and "the other runs go on" in out
-    # residual's seed 2 waits for its seed-1 run, so it never started; the finished runs make a partial report
-    assert not runner.run_dir(study_run.Run("residual_e6d6", "warmup", 1e-3, 400, 2)).exists()
+    assert "training residual_e6d6.warmup.lr0.002.wu400.s1 failed (killed by SIGKILL" in out and "the other runs go on" in out
+    assert "evaluation of transformer_preln_e6d6.warmup.lr0.002.wu400.s2 failed (exit 1)" in out
     done, missing = runner.finished_runs(tuning, later)
-    assert [r.name for r in done] == ["transformer_preln_e6d6.warmup.lr0.001.wu400.s1"] and len(missing) == 3
+    assert len(done) == 3 and len(missing) == 3

@@ -369,12 +369,18 @@ def main(argv=None, defaults: Defaults | None = None):
     finally:
         signal.signal(signal.SIGTERM, previous)
     if study.failed:  # the report of what finished, as REPORT_ONLY makes it, then the failures
+        failures = f"{len(study.failed)} of {n_runs} runs failed ({'; '.join(study.failed.values())})"
+        if study.blocked:
+            failures += (f"; not started, waiting for their model's failed tuning run: "
+                         f"{', '.join(f'{r.arch} seed {r.seed}' for r in study.blocked)}")  # fmt: skip
         runs, missing = study.finished_runs(tuning, later)
-        if runs:
-            reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
-        raise RecipeError(f"{len(study.failed)} of {n_runs} runs failed ({'; '.join(study.failed.values())})"
-                          f"{'; the report covers the others' if runs else ''}; after fixing the cause, the same "
-                          "command continues (finished runs are kept)")  # fmt: skip
+        try:
+            if runs:
+                reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
+        except Exception as err:  # the failures stay the message; the report's own error joins them
+            raise RecipeError(f"{failures}; the partial report failed too: {err}") from err
+        raise RecipeError(f"{failures}{'; the partial report (results.md) covers the others' if runs else ''}; after "
+                          "fixing the cause, the same command continues (finished runs are kept)")  # fmt: skip
     context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO)
     print("\n" + table(context["rows"]), flush=True)
     print(f"\nplots: {context['curves_png']}, {context.get('ppl_png') or context['bleu_png']}\ntables: {out / 'results.md'}, {out / 'results.json'}")

@@ -94,6 +94,7 @@ class Study(Console):
         self.evals: dict[Run, Process] = {}
         self.finished: list[Run] = []
         self.failed: dict[Run, str] = {}  # run -> why: the other runs go on, the study ends with an error
+        self.blocked: list[Run] = []  # later seeds of a model whose tuning failed (never started)
         self.hook = self._hook()
         self.interrupted_by_hook = False
         self.last_report = -1
@@ -135,8 +136,6 @@ class Study(Console):
         total = len(tuning) + len(later)
         while True:
             choices = self._choices(tuning)
-            failed_groups = {run.group for run in tuning if run in self.failed}
-            blocked = [run for run in later if run not in resolved and run.group in failed_groups]
             for run in later:
                 if run not in resolved and (target := self.resolve(run, choices)) is not None:
                     resolved[run] = target
@@ -145,6 +144,8 @@ class Study(Console):
                         skipped += 1
                     else:
                         pending_train.append(target)
+            failed_groups = {run.group for run in tuning if run in self.failed}
+            self.blocked = [run for run in later if run not in resolved and run.group in failed_groups]
             all_runs = tuning + list(resolved.values())
             for run in [r for r in all_runs if self.is_done(r) and not self.is_evaluated(r) and r not in self.failed]:
                 if run not in self.evals and len(self.train) + len(self.evals) < self.args.jobs:
@@ -158,7 +159,7 @@ class Study(Console):
                     proc.stop()
                 raise KeyboardInterrupt
             self._progress(all_runs, total, skipped)
-            if (not pending_train and not self.train and not self.evals and len(resolved) + len(blocked) == len(later)
+            if (not pending_train and not self.train and not self.evals and len(resolved) + len(self.blocked) == len(later)
                     and all(self.is_evaluated(r) or r in self.failed for r in all_runs)):  # fmt: skip
                 self._progress(all_runs, total, skipped, final=True)
                 return [r for r in all_runs if r not in self.failed]
@@ -179,6 +180,8 @@ class Study(Console):
         """A run that failed: said now, and the study goes on with the runs that do not depend on it (a later
         seed waits for its model's tuning runs), so that one out-of-memory kill does not idle the machine."""
         self.failed[run] = why
+        if self.hook and self.hook["run"] == run:  # the test hook waits for another run to stop at
+            self.hook["run"] = None
         print(f"[study] error: {why}; the other runs go on", flush=True)
 
     def _check_reusable(self, run: Run) -> None:
