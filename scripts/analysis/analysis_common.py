@@ -135,7 +135,6 @@ def write_json(path: Path, data) -> None:
     write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-
 def pyplot():
     """matplotlib's pyplot on the Agg backend: the tools run headless and only write files."""
     import logging

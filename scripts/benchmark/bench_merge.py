@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules, also when loaded by path
 
-from bench_report import check_targets, publish
+from bench_report import publish, target_records
 
 # settings that may differ between merged runs: the ones that only say how a run was split or reported
 FREE_SETTINGS = {"group_size", "profile", "profile_repeats", "memory"}
@@ -67,7 +67,7 @@ def _merge(reports: list[dict], names: list[str]) -> dict:
         "command": f"; OMP_NUM_THREADS={first['settings']['threads']} ".join(r["command"] for r in reports
                                                                              if r.get("command")),
     }
-    merged["targets"] = [dict(v, target=vars(v["target"]) | {}) for v in check_targets(results)]
+    merged["targets"] = target_records(results)
     return merged
 
 

@@ -23,6 +23,11 @@ def missed_metrics(family: str, depth: str, row: dict) -> list[str]:
             and f"{t.metric}_ratio" in row and not t.holds(row[f"{t.metric}_ratio"]["median"])]  # fmt: skip
 
 
+def target_records(results: list[dict]) -> list[dict]:
+    """check_targets' verdicts as a report's JSON holds them (each target as a plain dict)."""
+    return [dict(v, target=dict(vars(v["target"]))) for v in check_targets(results)]
+
+
 def check_targets(results: list[dict]) -> list[dict]:
     """Every target of a measured family, with its value, verdict and whether the spread settles it."""
     verdicts = []

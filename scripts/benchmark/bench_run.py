@@ -21,7 +21,7 @@ from bench_families import (
     Contender,
     build_contender,
 )
-from bench_report import check_targets, missed_metrics
+from bench_report import missed_metrics, target_records
 from bench_timing import (
     best_op_times,
     counted_train_flops,
@@ -246,7 +246,7 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
                                "tokens_per_sample": opts.tokens_per_sample, "lm_prefix_len": opts.lm_prefix_len}
         report["targets"] = []
         return report
-    report["targets"] = [dict(v, target=vars(v["target"]) | {}) for v in check_targets(results)]
+    report["targets"] = target_records(results)
     return report
 
 

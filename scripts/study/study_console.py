@@ -59,7 +59,7 @@ class Console:
         seconds = max([p[1] for p in curves["train"] + curves["valid"]], default=0.0)
         if self.is_evaluated(run):
             state = "done"
-        elif run in getattr(self, "failed", {}):
+        elif run in self.failed:
             state = "FAILED"
         elif self.is_done(run):
             state = "translating" if run in self.evals else "trained"
