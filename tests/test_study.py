@@ -402,7 +402,7 @@ def test_main_job_names_the_variable_the_user_set(tmp_path):
 def test_reported_commands_name_no_place_of_this_machine():
     cmd = ["/opt/venv/bin/python", "-m", "fairseq_cli.train", str(REPO / "docs" / "study" / "x" / "data-bin"), "--user-dir",
            "/elsewhere/checkout/fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
-    assert study_report._portable(cmd, REPO) == ["python", "-m", "fairseq_cli.train", "docs/study/x/data-bin", "--user-dir",
+    assert study_common.portable_command(cmd, REPO) == ["python", "-m", "fairseq_cli.train", "docs/study/x/data-bin", "--user-dir",
                                                  "fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
 
 
@@ -555,6 +555,8 @@ def test_lm_study_end_to_end_with_perplexity_paired_test_and_resume(tmp_path):
     assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
     command = json.loads((hooked[0] / "command.json").read_text())["command"]
     assert "language_modeling" in command and "--sample-break-mode" in command
+    # stored without this machine's places (the interpreter, the plugin), and still reused on resume above
+    assert command[0] == "python" and command[command.index("--user-dir") + 1] == "fairseq_plugins"
 
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["task"] == "language_modeling" and len(results["runs"]) == 4

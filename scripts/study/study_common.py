@@ -222,6 +222,31 @@ def command_differences(before: list[str], now: list[str]) -> list[str]:
     return differences
 
 
+def shown_path(path: Path, repo: Path) -> str:
+    """A path inside the repository relative to it, so a committed study names no machine's directories."""
+    try:
+        return str(path.resolve().relative_to(repo.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def portable_command(cmd: list[str], repo: Path) -> list[str]:
+    """A run's command without this machine's places: the interpreter as ``python``, the plugin and
+    repository paths relative. Each run's command.json is stored so (resuming compares what a command trains,
+    ``command_differences``, never where it runs), and so is every report."""
+    out = []
+    for i, token in enumerate(cmd):
+        if i == 0 and token.startswith("/"):
+            token = "python"
+        elif token.startswith("/"):
+            shown = shown_path(Path(token), repo)
+            if shown.startswith("/") and "/fairseq_plugins" in shown:
+                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
+            token = shown
+        out.append(token)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ curves
 
 

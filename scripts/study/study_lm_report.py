@@ -13,13 +13,12 @@ import shlex
 import study_lm
 import study_plots
 import study_stats
-from study_common import write_json, write_text
+from study_common import shown_path, write_json, write_text
 from study_report_common import (
     Metric,
     Score,
     _ci_text,
     _envelope,
-    _shown,
     _trend_text,
     add_first_valid_loss,
     chosen_results,
@@ -62,7 +61,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     context = {
         **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
         "pairs": pairs,
-        "data_text": f"{manifest.get('dataset', data.name)}, language modeling (`{_shown(data, repo)}`)",
+        "data_text": f"{manifest.get('dataset', data.name)}, language modeling (`{shown_path(data, repo)}`)",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, packed blocks of {s.tokens_per_sample} "
                       f"tokens, Adam {s.adam_betas}, peak lr {lr_text(args)}, dropout "
                       f"{s.dropout}, weight decay {s.weight_decay}, {s.max_tokens} tokens per update, tied embeddings, "
@@ -74,7 +73,7 @@ def report(args, study, runs, data, manifest: dict, info: dict, started: str, en
     context["reading"] = reading(rows, context, missing=len(missing), total=len(runs) + len(missing),
                                  runs=list(results.values()))  # fmt: skip
     write_text(out / "results.md", markdown(rows, choices, context))
-    write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo), "test",
+    write_json(out / "results.json", results_record(args, study, context, info, settings, shown_path(data, repo), "test",
                                                     rows, choices, results, repo, "scores", task=study_lm.TASK))
     return {**context, "rows": rows}
 

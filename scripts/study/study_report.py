@@ -14,14 +14,12 @@ from pathlib import Path
 
 import study_plots
 import study_stats
-from study_common import Run, read_lines, write_json, write_text
+from study_common import Run, read_lines, shown_path, write_json, write_text
 from study_report_common import (
     Metric,
     Score,
     _ci_text,
     _envelope,
-    _portable,  # noqa: F401 (the tests read it here)
-    _shown,
     _trend_text,
     add_first_valid_loss,
     chosen_results,
@@ -62,7 +60,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
         **run_context(args, study, info, started, env_vars, results, missing, comparisons_of(tests)),
         "pairs": pairs,
         "data_text": f"{manifest.get('dataset', data.name)} {manifest['source_lang']}->{manifest['target_lang']} "
-                     f"(`{_shown(data, repo)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
+                     f"(`{shown_path(data, repo)}`{', first ' + str(args.train_lines) + ' training pairs' if args.train_lines else ''})",
         "setup_text": f"`{' '.join(args.model_arg_list) or '(preset width)'}`, Adam {args.setup.adam_betas}, peak lr "
                       f"{lr_text(args)}, dropout {args.setup.dropout}, label smoothing "
                       f"{args.setup.label_smoothing}, weight decay {args.setup.weight_decay}, {args.setup.max_tokens} "
@@ -75,7 +73,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
                                  margin=args.level_margin, runs=list(results.values()), choices=choices,
                                  trend_text=_trend_text(context))  # fmt: skip
     write_text(out / "results.md", markdown(rows, choices, context))
-    write_json(out / "results.json", results_record(args, study, context, info, settings, _shown(data, repo),
+    write_json(out / "results.json", results_record(args, study, context, info, settings, shown_path(data, repo),
                                                     study.test_set["name"], rows, choices, results, repo, "hyps"))
     return {**context, "rows": rows}
 

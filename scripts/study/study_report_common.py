@@ -10,32 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import study_stats
-from study_common import as_dict, command_line, describe_machine
+from study_common import as_dict, command_line, describe_machine, portable_command
 from study_stats import _chosen, _fmt
-
-
-def _shown(path: Path, repo: Path) -> str:
-    """A path inside the repository relative to it, so a committed study names no machine's directories."""
-    try:
-        return str(path.resolve().relative_to(repo.resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _portable(cmd: list[str], repo: Path) -> list[str]:
-    """A run's command without this machine's places: the interpreter as ``python``, the plugin and
-    repository paths relative (the stored command.json keeps them as run, for resuming)."""
-    out = []
-    for i, token in enumerate(cmd):
-        if i == 0 and token.startswith("/"):
-            token = "python"
-        elif token.startswith("/"):
-            shown = _shown(Path(token), repo)
-            if shown.startswith("/") and "/fairseq_plugins" in shown:
-                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
-            token = shown
-        out.append(token)
-    return out
 
 
 def _earlier(out: Path) -> dict:
@@ -181,7 +157,7 @@ def results_record(args, study, context: dict, info: dict, settings: dict, data:
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
         "comparisons": context["comparisons"],
         "runs": [{**as_dict(run), "name": run.name,
-                  "command": _portable(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
+                  "command": portable_command(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
                   **{k: v for k, v in r.items() if k != without}} for run, r in results.items()],
     }  # fmt: skip
 

@@ -33,6 +33,7 @@ from study_common import (
     command_differences,
     early_stop,
     exit_text,
+    portable_command,
     read_curves,
     read_lines,
     train_command,
@@ -259,7 +260,7 @@ class Study(Console):
             extra += ["--max-update", str(hook["updates"])]  # as if the run were stopped at this update
         cmd = self._command(run, save_dir, extra)
         attempts = read_curves(self.run_dir(run) / "train.log")["attempts"]
-        write_json(self.run_dir(run) / "command.json", {"command": cmd})
+        write_json(self.run_dir(run) / "command.json", {"command": portable_command(cmd, REPO)})
         return Process(cmd, self.run_dir(run) / "train.log", self.args.threads, header=attempt_line(attempts + 1, time.time()))
 
     @property
