@@ -728,3 +728,10 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
     assert "evaluation of transformer_preln_e6d6.warmup.lr0.002.wu400.s2 failed (exit 1)" in out
     done, missing = runner.finished_runs(tuning, later)
     assert len(done) == 3 and len(missing) == 3
+
+
+def test_a_variable_that_nearly_spells_one_of_the_study_is_named_not_silently_ignored():
+    environ = {"SEED": "3", "MAX_UPDATES": "50", "LR": "2e-3", "PATH": "/bin", "OMP_NUM_THREADS": "1", "SEEDS": "1",
+               "LANG": "C", "TERM": "xterm", "lowercase_seed": "1"}  # fmt: skip
+    near = study_checks.misspelt_variables(environ, (*study.ENV_VARS, "REPORT_ONLY"))
+    assert near == [("LR", "LRS"), ("MAX_UPDATES", "MAX_UPDATE"), ("SEED", "SEEDS")]
