@@ -1,41 +1,30 @@
 """The study tool (scripts/study/, recipes/study.sh) and the main job built on it (recipes/main_job.sh).
 
 In-process: learning curves from fairseq's JSON logs (also across a resume), the lr/warm-up choice on valid
-loss, the grid, the schedules of the variants, option errors naming the variable, the reading's wording.
-End to end on the Multi30k fixtures with tiny models: a 2-architecture x 2-seed grid interrupted (test hook
-STUDY_INTERRUPT_AT) and restarted finishes without retraining what was done and continues the interrupted run
-from its checkpoint; its records alone (no checkpoints or data, as committed) are reused, under its set-up only; the main job prints a compact console, a table, a plot path and a reading.
+loss, the grid, the schedules of the variants, the reading's wording, the report. End to end on the Multi30k
+fixtures with tiny models: a 2-architecture x 2-seed grid interrupted (test hook STUDY_INTERRUPT_AT) and
+restarted finishes without retraining what was done and continues the interrupted run from its checkpoint; its
+records alone (no checkpoints or data, as committed) are reused, under its set-up only; a failed run is reported
+and the others go on; the main job prints a compact console, a table, a plot path and a reading. The variables'
+checks are in test_study_checks.py, language-model studies in test_study_lm.py.
 """
 
 import json
-import logging
-import os
 import shutil
 import sys
 
 import pytest
 
 from . import recipe_fixtures as fx
-from .helpers import REPO, TINY, run
+from .helpers import REPO
+from .study_fixtures import MODEL_ARGS, recipe, slow
 
 sys.path[:0] = [str(REPO / "scripts" / "study")]
 
 import study
-import study_checks
 import study_common
-import study_lm
 import study_report
-import study_report_common
 import study_stats
-
-slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
-# the fixtures' dev/test sets are smaller than fairseq's default batch multiple (8): keep every sentence
-MODEL_ARGS = " ".join([*TINY, "--required-batch-size-multiple", "1"])
-
-
-def recipe(name: str, env: dict, check: bool = True):
-    return run(["bash", REPO / "recipes" / name], env={"RECIPE_PYTHON": sys.executable, **env}, check=check, timeout=900)
-
 
 # ------------------------------------------------------------------------------------------- in-process
 
@@ -87,23 +76,6 @@ def test_no_warmup_keeps_the_peak_lr_and_decays_linearly_to_the_budget():
     warm = study_common.schedule_args(study_common.Run("transformer_preln_e6d6", "warmup", 1e-3, 400, 1), budget)
     assert warm[warm.index("--lr-scheduler") + 1] == "inverse_sqrt" and "400" in warm
 
-
-@pytest.mark.parametrize("argv, message", [
-    (["--archs", ""], "ARCHS (--archs) is empty"),
-    (["--archs", "residual_e6d6 residual_e6d6"], "ARCHS (--archs)='residual_e6d6 residual_e6d6': an architecture appears twice"),
-    (["--seeds", "one"], "SEEDS (--seeds)='one': expected integers"),
-    (["--variants", "cold"], "VARIANTS (--variants)='cold': allowed warmup, nowarmup"),
-    (["--max-update", "0"], "MAX_UPDATE (--max-update)=0: must be > 0"),
-    (["--train-minutes", "5", "--variants", "nowarmup"], "VARIANTS=nowarmup"),
-    (["--lrs", "2"], "LRS (--lrs)='2'"),
-    (["--warmups", "0"], "WARMUPS (--warmups)='0'"),
-    (["--jobs", "-1"], "JOBS (--jobs)=-1"),
-    (["--raw-dir", "/nowhere/multi30k"], "MULTI30K_DIR (--raw-dir)=/nowhere/multi30k: no such directory"),
-])  # fmt: skip
-def test_bad_settings_name_the_variable(argv, message):
-    with pytest.raises(study_common.RecipeError, match=None) as err:
-        study.parse_args(argv)
-    assert message in str(err.value)
 
 
 def _row(arch, loss, first, bleu, p=None, reached=0, compared=1):
@@ -249,49 +221,6 @@ def test_warmdecay_differs_from_nowarmup_only_in_the_warmup():
     assert means["warmdecay"] == pytest.approx(5e-4, rel=0.01) and means["nowarmup"] == pytest.approx(5e-4, rel=0.01)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-update", "100", "--valid-every", "200"], "VALID_EVERY=200 is larger than MAX_UPDATE=100"),
-    (["--max-update", "800", "--valid-every", "100", "--patience", "8"], "PATIENCE=8 with MAX_UPDATE=800 and VALID_EVERY=100: only 8"),
-    (["--train-minutes", "5", "--jobs", "64", "--threads", "2"], "TRAIN_MINUTES=5 with JOBS=64 x THREADS=2"),
-    (["--seeds", "1", "--lrs", "1e-3 2e-3"], "LRS/WARMUPS offer 2 settings with SEEDS='1'"),
-    (["--variants", "nowarmup", "--warmups", "100"], "WARMUPS='100' with VARIANTS='nowarmup'"),
-    (["--max-update", "300", "--warmups", "400"], "WARMUPS=400 with MAX_UPDATE=300"),
-    (["--data-bin", "/", "--vocab-size", "4000"], "DATA_BIN and VOCAB_SIZE are both set"),
-    (["--level-margin", "0"], "LEVEL_MARGIN (--level-margin)=0"),
-    (["--variants", "nowarmup", "--arch-lrs", "residual_iwslt_e12d12=1e-3@100"], "ARCH_LRS='residual_iwslt_e12d12=1e-3@100' gives warm-ups with VARIANTS='nowarmup'"),
-    (["--max-update", "300", "--arch-lrs", "residual_iwslt_e12d12=1e-3@300"], "ARCH_LRS gives residual_iwslt_e12d12 warm-up 300 with MAX_UPDATE=300"),
-    (["--seeds", "1", "--lrs", "1e-3 2e-3", "--arch-lrs", "residual_iwslt_e12d12=1e-3"], "LRS/WARMUPS offer 2 settings with SEEDS='1'"),
-])  # fmt: skip
-def test_conflicting_settings_name_both_variables(argv, message):
-    with pytest.raises(study_common.RecipeError) as err:
-        study.parse_args(argv)
-    assert message in str(err.value)
-
-
-def test_vocabulary_too_large_for_the_training_lines_names_both_and_the_limit(tmp_path):
-    import sentencepiece as spm
-
-    fx.make_multi30k(tmp_path / "raw")
-    args = study.parse_args(["--raw-dir", str(tmp_path / "raw"), "--train-lines", "20", "--out-dir", str(tmp_path / "out")])
-    with pytest.raises(study_common.RecipeError) as err:
-        study_checks.check_vocabulary(args)
-    limit = int(str(err.value).split("allow at most ")[1].split()[0])
-    assert "TRAIN_LINES and VOCAB_SIZE conflict: VOCAB_SIZE=8000" in str(err.value) and f"set VOCAB_SIZE <= {limit}" in str(err.value)
-    files = [tmp_path / "raw" / f"train.{lang}.gz" for lang in ("de", "en")]
-    text = [line for f in files for line in study_common.read_lines(f)[:20]]
-    (tmp_path / "lines").write_text("\n".join(text) + "\n")
-    for size, works in ((limit, True), (limit + 1, False)):  # the limit is SentencePiece's own, exactly
-        try:
-            spm.SentencePieceTrainer.train(input=str(tmp_path / "lines"), model_prefix=str(tmp_path / "m"), vocab_size=size,
-                                           character_coverage=1.0, model_type="unigram", minloglevel=2, bos_id=-1,
-                                           eos_id=-1, unk_id=0, pad_id=-1)  # fmt: skip
-            assert works
-        except RuntimeError:
-            assert not works
-    study_checks.check_vocabulary(study.parse_args(["--raw-dir", str(tmp_path / "raw"), "--train-lines", "20",
-                                                    "--vocab-size", str(limit), "--out-dir", str(tmp_path / "out")]))  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------- end to end
 
 
@@ -430,247 +359,6 @@ def test_report_lists_every_candidate_each_comparison_and_each_run():
     assert f"| {chosen.name} | 800 | patience | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md
 
 
-# ------------------------------------------------------------------------------------- language models
-
-
-LM_MODEL_ARGS = ("--decoder-embed-dim 16 --decoder-ffn-embed-dim 32 --decoder-attention-heads 2 --decoder-layers 3 "
-                 "--tokens-per-sample 64 --max-tokens 256 --required-batch-size-multiple 1")  # fmt: skip
-
-
-def _lm_data_bin(path):
-    path.mkdir(parents=True)
-    (path / "recipe.json").write_text(json.dumps({"dataset": "lm_x", "task": "language_modeling"}))
-    return path
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--task", "language_modeling", "--archs", "dca_lm_d6 residual_e6d6"],
-     "ARCHS (--archs): residual_e6d6 is a translation architecture, but the dataset is a language-modeling corpus"),
-    (["--archs", "transformer_preln_e6d6 dca_lm_d6 transformer_lm"],
-     ("ARCHS (--archs): dca_lm_d6, transformer_lm are language models, but the dataset is a translation dataset: "
-      "for a language-model study set LM=1")),
-    (["--task", "lm"], "TASK (--task)='lm': allowed translation, language_modeling"),
-    (["--task", "language_modeling", "--train-lines", "20"], "TRAIN_LINES with a language-modeling study"),
-])  # fmt: skip
-def test_lm_and_translation_architectures_are_refused_for_the_other_task(argv, message):
-    with pytest.raises(study_common.RecipeError) as err:
-        study.parse_args(argv)
-    assert message in str(err.value)
-
-
-def test_an_lm_data_bin_makes_an_lm_study_and_contradicting_it_is_refused(tmp_path):
-    data = _lm_data_bin(tmp_path / "lm")
-    args = study.parse_args(["--data-bin", str(data)])
-    assert args.task == "language_modeling" and args.arch_list == study_lm.ARCHS.split()
-    assert args.setup == study_lm.LMSetup() and args.lr_list == [1.6e-3] and args.model_args == study_lm.MODEL_ARGS
-    with pytest.raises(study_common.RecipeError, match=r"TASK \(--task\)=translation but DATA_BIN=.* is a language_modeling"):
-        study.parse_args(["--data-bin", str(data), "--task", "translation"])
-    with pytest.raises(study_common.RecipeError, match="residual_e6d6 is a translation architecture"):
-        study.parse_args(["--data-bin", str(data), "--archs", "residual_e6d6"])
-    # the translation defaults stay as they were
-    plain = study.parse_args([])
-    assert plain.task == "translation" and plain.setup == study_common.Setup() and plain.model_args == study.WIDTH_128
-
-
-def test_translation_recipe_refuses_a_language_model():
-    sys.path.insert(0, str(REPO / "scripts" / "training"))
-    import train_options
-
-    with pytest.raises(study_common.RecipeError) as err:
-        train_options.check_architecture("dca_lm_d6")
-    assert "'dca_lm_d6' (ARCH) is a decoder-only language model" in str(err.value)
-    assert "recipes/train_lm.sh" in str(err.value) and "LM=1 bash recipes/study.sh" in str(err.value)
-    assert train_options.check_architecture("residual_e6d6")
-
-
-def test_lm_command_trains_packed_blocks_with_the_dca_cpu_optimizer(tmp_path):
-    budget = study_common.Budget(max_update=100)
-    cmd = study_lm.train_command(study_common.Run("dca_lm_d6", "warmup", 1.6e-3, 400, 3), study_lm.LMSetup(), budget,
-                                 tmp_path, tmp_path / "ckpt", 10, [], [])  # fmt: skip
-    value = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
-    assert value["--task"] == "language_modeling" and value["--sample-break-mode"] == "none"
-    assert value["--tokens-per-sample"] == "128" and value["--max-tokens"] == "2048" and value["--weight-decay"] == "0.1"
-    assert value["--criterion"] == "cross_entropy" and "--share-decoder-input-output-embed" in cmd
-    assert "--label-smoothing" not in cmd and "--source-lang" not in cmd and value["--seed"] == "3"
-    sg = study_lm.train_command(study_common.Run("crossformer_sg_lm_d6", "warmup", 1e-3, 400, 1), study_lm.LMSetup(),
-                                budget, tmp_path, tmp_path, 10, [], [])  # fmt: skip
-    assert study_common.GUIDANCE_CRITERION in sg and sg[sg.index("--label-smoothing") + 1] == "0.0"
-
-
-def test_lm_paired_bootstrap_on_sentence_log_likelihoods():
-    import numpy as np
-    from sacrebleu.significance import _compute_p_value
-
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(3, 20, size=40)
-    base = -tokens * rng.uniform(2.0, 3.0, size=40)
-    better = base + tokens * rng.normal(0.3, 0.2, size=40)  # ~0.3 nats per token more likely
-    ids = list(range(40))
-    systems = [("a", (ids, base.tolist(), tokens.tolist())), ("b", (ids, better.tolist(), tokens.tolist())),
-               ("a2", (ids, base.tolist(), tokens.tolist()))]  # fmt: skip
-    out = study_lm.paired_tests({("warmup", 1): systems}, 200)
-    b, same = out[("warmup", 1, "b")], out[("warmup", 1, "a2")]
-    # a direct re-implementation: sacrebleu's resamples, corpus perplexity per resample, its p-value convention
-    idxs = study_stats._bootstrap_indices(40, 200)
-    ppl = lambda lp: np.exp(-lp[idxs].sum(1) / tokens[idxs].sum(1))
-    diffs = ppl(better) - ppl(base)
-    real = np.exp(-better.sum() / tokens.sum()) - np.exp(-base.sum() / tokens.sum())
-    assert b["ppl_diff"] == pytest.approx(real, abs=1e-4) and real < 0
-    assert b["ppl_ci"] == pytest.approx(list(study_stats.difference_ci(diffs)), abs=1e-4) and b["ppl_ci"][1] < 0
-    assert b["ppl_p"] == pytest.approx(_compute_p_value(np.abs(diffs) - np.abs(diffs).mean(), abs(real)))
-    assert b["ppl_p"] < 0.05 and b["ll_diff"] == pytest.approx((better.sum() - base.sum()) / tokens.sum(), abs=1e-5)
-    assert b["ll_ci"][0] > 0 and not study_stats.within([b], 0.01, "ppl")
-    assert same["ppl_diff"] == 0 and same["ppl_ci"] == [0, 0] and study_stats.within([same], 0.01, "ppl")
-    with pytest.raises(study_common.RecipeError, match="different test sentences"):
-        study_lm.paired_tests({("warmup", 1): [systems[0], ("c", (ids[1:], base[1:].tolist(), tokens[1:].tolist()))]}, 20)
-
-
-def _lm_multi30k(root):
-    """One Multi30k side with enough distinct words for 100 SentencePiece pieces (the shared fixture has 16)."""
-    import random
-
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(300)]
-    for split, n in (("train", 300), ("val", 20), ("test_2016_flickr", 24)):
-        fx.write_gz(root / f"{split}.en.gz", [" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))) for _ in range(n)])
-    return root
-
-
-@slow
-def test_lm_study_end_to_end_with_perplexity_paired_test_and_resume(tmp_path):
-    env = {"LM": "1", "MULTI30K_DIR": str(_lm_multi30k(tmp_path / "raw")), "VERIFY_COUNTS": "0", "VOCAB_SIZE": "100",
-           "OUT_DIR": str(tmp_path / "out"), "ARCHS": "transformer_preln_lm_d6 dca_lm_d6", "SEEDS": "1 2",
-           "MAX_UPDATE": "4", "VALID_EVERY": "2", "JOBS": "2", "BOOTSTRAP": "20", "MODEL_ARGS": LM_MODEL_ARGS}  # fmt: skip
-    runs = tmp_path / "out" / "runs"
-    first = recipe("study.sh", {**env, "STUDY_INTERRUPT_AT": "1:2"}, check=False)
-    assert first.returncode == 130, first.stdout[-3000:] + first.stderr[-3000:]
-    done = {p.parent.name: p.stat().st_mtime_ns for p in runs.glob("*/DONE.json")}
-    hooked = [p.parent for p in runs.glob("*/train.log") if study.INTERRUPTED in p.read_text()]
-    assert done and len(hooked) == 1 and hooked[0].name not in done
-    second = recipe("study.sh", env)
-    assert "from before)" in second.stdout and "valid ppl" in second.stdout
-    for name, mtime in done.items():
-        assert (runs / name / "DONE.json").stat().st_mtime_ns == mtime
-    curves = study_common.read_curves(hooked[0] / "train.log")
-    assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
-    command = json.loads((hooked[0] / "command.json").read_text())["command"]
-    assert "language_modeling" in command and "--sample-break-mode" in command
-    # stored without this machine's places (the interpreter, the plugin), and still reused on resume above
-    assert command[0] == "python" and command[command.index("--user-dir") + 1] == "fairseq_plugins"
-
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert results["task"] == "language_modeling" and len(results["runs"]) == 4
-    rows = {r["arch"]: r for r in results["models"]}
-    assert rows["transformer_preln_lm_d6"]["p_values"] is None and len(rows["dca_lm_d6"]["p_values"]) == 2
-    for run_ in results["runs"]:  # the perplexity is exp of the mean negative log-likelihood per token, every sentence
-        ev = json.loads((runs / run_["name"] / "eval" / "results.json").read_text())["splits"]["test"]
-        assert ev["sentences"] == ev["total"] == 24 and run_["skipped"] == {"valid": 0, "test": 0}
-        assert run_["test_ppl"] == pytest.approx(2.718281828459045 ** (-sum(ev["log_probs"]) / sum(ev["token_counts"])))
-        assert 1 < run_["valid_ppl"] < 200 and run_["updates"] == 4
-    assert len(results["comparisons"]) == 2 and all(len(c["ppl_ci"]) == 2 and 0 < c["ppl_p"] <= 1 for c in results["comparisons"])
-    md = (tmp_path / "out" / "results.md").read_text()
-    assert "| valid ppl | test ppl |" in md and "| dca_lm_d6 | warmup | 0.0016 | 400 | 2 |" in md
-    assert "## Paired comparisons against the first model" in md and "| dca_lm_d6 (warmup) | 2 |" in md
-    assert "BLEU" not in md and (tmp_path / "out" / "perplexity.png").stat().st_size > 1000
-    assert results["reading"].startswith("After 4 updates each: transformer_preln_lm_d6")
-    # the report alone, again, from the records (REPORT_ONLY), is the same
-    recipe("study.sh", {**env, "REPORT_ONLY": "1"})
-    again = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert again["models"] == results["models"] and again["comparisons"] == results["comparisons"]
-
-
-def test_lm_study_names_vocabulary_and_unknown_architecture_conflicts(tmp_path):
-    raw = fx.make_multi30k(tmp_path / "raw")  # 16 distinct words: fewer than 100 pieces on one side
-    argv = ["--task", "language_modeling", "--raw-dir", str(raw), "--no-verify-counts", "--vocab-size", "100",
-            "--out-dir", str(tmp_path / "out")]  # fmt: skip
-    try:  # study.main silences fairseq's logging below errors for its console: restored for the other tests
-        with pytest.raises(study_common.RecipeError) as err:
-            study.main(argv)
-        with pytest.raises(study_common.RecipeError, match=r"unknown architecture\(s\) nothing_lm_d6; .*dca_lm_\*.*e\.g\. dca_lm_d6"):
-            study.main([*argv, "--archs", "nothing_lm_d6"])
-    finally:
-        logging.disable(logging.NOTSET)
-    assert "MULTI30K_DIR and VOCAB_SIZE conflict: VOCAB_SIZE=100 SentencePiece pieces, but the en side" in str(err.value)
-    assert "set VOCAB_SIZE <= " in str(err.value)
-
-
-@pytest.mark.parametrize("value, message", [
-    ("residual_iwslt_e12d12", "'residual_iwslt_e12d12' is not ARCH=LR[,LR...][@WARMUP[,WARMUP...]]"),
-    ("residual_iwslt_e12d12=1e-3,1e-3", "gives a value twice"),
-    ("residual_iwslt_e12d12=1e-3,", "is not ARCH=LR"),
-    ("residual_iwslt_e12d12=1e-3,2", "has lr 2, not in (0, 1)"),
-    ("residual_iwslt_e12d12=fast", "is not ARCH=LR"),
-    ("residual_iwslt_e12d12=1e-3@x", "is not ARCH=LR"),
-    ("=1e-3", "is not ARCH=LR"),
-    ("dca_iwslt_e12d12=1e-3", "names dca_iwslt_e12d12, not in ARCHS"),
-    ("residual_iwslt_e12d12=1e-3 residual_iwslt_e12d12=2e-3", "gives residual_iwslt_e12d12 a second time"),
-    ("residual_iwslt_e12d12=2", "has lr 2, not in (0, 1)"),
-    ("residual_iwslt_e12d12=1e-3@0", "has warm-up 0, not >= 1"),
-])  # fmt: skip
-def test_bad_arch_lrs_name_the_variable_and_the_allowed_form(value, message):
-    with pytest.raises(study_common.RecipeError) as err:
-        study.parse_args(["--arch-lrs", value])
-    assert str(err.value).startswith("ARCH_LRS (--arch-lrs): ") and message in str(err.value)
-    assert "allowed: space-separated ARCH=LR[,LR...][@WARMUP[,WARMUP...]] entries" in str(err.value)
-
-
-def test_arch_lrs_give_their_models_one_setting_and_the_others_the_grid():
-    """A study at each model's own lr (chosen before): no grid for those models, and the later seeds at it."""
-    archs = "transformer_preln_iwslt_e12d12 transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"
-    args = study.parse_args(["--archs", archs, "--seeds", "1 2", "--lrs", "5e-4 1e-3", "--max-update", "1000",
-                             "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3 residual_iwslt_e12d12=2e-3@200"])  # fmt: skip
-    tuning, later = study.grid(args)
-    assert [(r.arch, r.lr, r.warmup) for r in tuning] == [
-        ("transformer_preln_iwslt_e12d12", 4e-3, 400), ("transformer_postln_iwslt_e12d12", 5e-4, 400),
-        ("transformer_postln_iwslt_e12d12", 1e-3, 400), ("residual_iwslt_e12d12", 2e-3, 200)]  # fmt: skip
-    assert tuning[0].name == "transformer_preln_iwslt_e12d12.warmup.lr0.004.wu400.s1"
-    choices = study_stats.choose_settings({r: {"valid_loss": 5.0} for r in tuning}, first_seed=1)
-    assert (choices[("residual_iwslt_e12d12", "warmup")]["lr"], choices[("residual_iwslt_e12d12", "warmup")]["warmup"]) == (2e-3, 200)
-    assert choices[("transformer_preln_iwslt_e12d12", "warmup")]["edges"] == []
-    assert [r.seed for r in later] == [2, 2, 2]
-    assert study_report_common.lr_text(args) == ("0.0005/0.001 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
-                                                 "0.004, residual_iwslt_e12d12 0.002 (warm-up 200)")  # fmt: skip
-    every = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1", "--arch-lrs",
-                              "transformer_preln_iwslt_e12d12=4e-3"])  # fmt: skip
-    assert study_report_common.lr_text(every) == "own (ARCH_LRS): transformer_preln_iwslt_e12d12 0.004"
-    nowarm = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--variants", "nowarmup warmup",
-                               "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3@100"])  # fmt: skip
-    assert [(r.variant, r.warmup) for r in study.grid(nowarm)[0]] == [("nowarmup", 0), ("warmup", 100)]
-
-
-def test_default_arch_lrs_follow_the_architectures_left_in_archs():
-    """The main job's own settings stay with their models when ARCHS changes; a given ARCH_LRS is taken as it is."""
-    d = study.Defaults(archs="transformer_preln_iwslt_e12d12 residual_iwslt_e12d12", seeds="1",
-                       arch_lrs="transformer_preln_iwslt_e12d12=4e-3 residual_iwslt_e12d12=2e-3")  # fmt: skip
-    assert study.parse_args([], d).arch_settings == {"transformer_preln_iwslt_e12d12": ([4e-3], None),
-                                                     "residual_iwslt_e12d12": ([2e-3], None)}  # fmt: skip
-    other = study.parse_args(["--archs", "transformer_postln_iwslt_e12d12 residual_iwslt_e12d12"], d)
-    assert other.arch_settings == {"residual_iwslt_e12d12": ([2e-3], None)}
-    assert study.parse_args(["--arch-lrs", ""], d).arch_settings == {}
-    # LRS asks for a grid for every model: the defaults' own lrs would silently override it
-    grid = study.parse_args(["--seeds", "1 2", "--lrs", "5e-4 1e-3"], d)
-    assert grid.arch_settings == {} and {r.lr for r in study.grid(grid)[0]} == {5e-4, 1e-3}
-    assert study.parse_args(["--warmups", "100 200", "--seeds", "1 2"], d).arch_settings["residual_iwslt_e12d12"] == ([2e-3], None)
-
-
-def test_arch_lrs_lists_widen_one_models_grid():
-    """A grid widened for one model (its best lr on the edge) beside the shared LRS grid, chosen the same way."""
-    args = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12 residual_iwslt_e12d12", "--seeds", "1 2",
-                             "--lrs", "1e-3 2e-3", "--arch-lrs", "transformer_preln_iwslt_e12d12=1e-3,2e-3,4e-3@100,400"])  # fmt: skip
-    tuning, _ = study.grid(args)
-    pre = [(r.lr, r.warmup) for r in tuning if r.arch == "transformer_preln_iwslt_e12d12"]
-    assert pre == [(1e-3, 100), (1e-3, 400), (2e-3, 100), (2e-3, 400), (4e-3, 100), (4e-3, 400)]
-    assert [(r.lr, r.warmup) for r in tuning if r.arch == "residual_iwslt_e12d12"] == [(1e-3, 400), (2e-3, 400)]
-    results = {r: {"valid_loss": 5.0 - r.lr * 100 - r.warmup / 1e4} for r in tuning}
-    choice = study_stats.choose_settings(results, first_seed=1)[("transformer_preln_iwslt_e12d12", "warmup")]
-    assert (choice["lr"], choice["warmup"]) == (4e-3, 400) and len(choice["candidates"]) == 6
-    assert study_report_common.lr_text(args) == ("0.001/0.002 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
-                                                 "0.001/0.002/0.004 (warm-up 100/400)")  # fmt: skip
-    with pytest.raises(study_common.RecipeError, match="ARCH_LRS gives transformer_preln_iwslt_e12d12 warm-up 900"):
-        study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1 2", "--max-update", "800",
-                          "--arch-lrs", "transformer_preln_iwslt_e12d12=1e-3@100,900"])  # fmt: skip
-
-
 class _Finished:
     """A training or evaluation process that has already ended with ``status``, having written ``files``."""
 
@@ -729,9 +417,3 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
     done, missing = runner.finished_runs(tuning, later)
     assert len(done) == 3 and len(missing) == 3
 
-
-def test_a_variable_that_nearly_spells_one_of_the_study_is_named_not_silently_ignored():
-    environ = {"SEED": "3", "MAX_UPDATES": "50", "LR": "2e-3", "PATH": "/bin", "OMP_NUM_THREADS": "1", "SEEDS": "1",
-               "LANG": "C", "TERM": "xterm", "lowercase_seed": "1"}  # fmt: skip
-    near = study_checks.misspelt_variables(environ, (*study.ENV_VARS, "REPORT_ONLY"))
-    assert near == [("LR", "LRS"), ("MAX_UPDATES", "MAX_UPDATE"), ("SEED", "SEEDS")]
