@@ -14,6 +14,7 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+warn_misspelt evaluate BEAM LENPEN SETS MAX_TOKENS GPU OUTPUT_DIR
 args=(--max-tokens "${MAX_TOKENS:-8000}" --gpu "${GPU:-auto}")
 if [ -n "${BEAM:-}" ]; then args+=(--beam "$BEAM"); fi
 if [ -n "${LENPEN:-}" ]; then args+=(--lenpen "$LENPEN"); fi

@@ -23,6 +23,7 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+warn_misspelt train_lm HPARAMS NUM_GPUS NUM_NODES CPU_PROCS LAUNCHER NODE_RANK MASTER_ADDR MASTER_PORT MAX_TOKENS TOKENS_PER_UPDATE FP16 DATA_BIN SAVE_DIR MAX_UPDATE SEED DRY_RUN
 args=(--hparams "${HPARAMS:-dca-paper}" --fp16 "${FP16:-auto}" --nodes "${NUM_NODES:-1}" --cpu-procs "${CPU_PROCS:-1}"
       --launcher "${LAUNCHER:-auto}")
 if [ -n "${DATA_BIN:-}" ]; then args+=(--data-bin "$DATA_BIN"); fi

@@ -12,6 +12,7 @@ repository root on ``sys.path`` (``bootstrap``), so this module imports by its p
 """
 
 import contextlib
+import difflib
 import gzip
 import json
 import os
@@ -78,6 +79,25 @@ def env_flag(value: str | None, name: str) -> bool:
     if text in {"0", "false", "no", "off", ""}:
         return False
     raise RecipeError(f"{name}={value!r}: expected 1 or 0")
+
+
+def misspelt_variables(environ, known: Sequence[str]) -> list[tuple[str, str]]:
+    """Set variables that are not a recipe's but nearly spell one of its ``known`` (SEED for SEEDS, MAX_UPDATES
+    for MAX_UPDATE), as (set name, meant name): the shell passes them on and nothing reads them, so the recipe
+    would silently keep the default."""
+    near = []
+    for name in sorted(environ):
+        if name.isupper() and name not in known:
+            match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+            if match:
+                near.append((name, match[0]))
+    return near
+
+
+def warn_misspelt(tag: str, known: Sequence[str]) -> None:
+    for name, meant in misspelt_variables(os.environ, known):
+        print(f"[{tag}] warning: {name} is set but is not a variable of this recipe, so it is ignored; "
+              f"did you mean {meant}?", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- files
@@ -181,3 +201,6 @@ def read_manifest(data_dir: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+if __name__ == "__main__":  # recipes/common.sh's warn_misspelt: python recipe_common.py misspelt TAG NAME...
+    if sys.argv[1:2] == ["misspelt"] and len(sys.argv) > 3:
+        warn_misspelt(sys.argv[2], sys.argv[3:])

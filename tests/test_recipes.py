@@ -314,6 +314,14 @@ def test_train_rejects_an_unknown_architecture_before_writing(tmp_path):
     assert_fails(proc, "cannot be split exactly over 3 processes", "NUM_GPUS", "TOKENS_PER_UPDATE")
 
 
+def test_a_variable_that_nearly_spells_a_recipes_own_is_named():
+    env = {"DRY_RUN": "1", "NUM_GPUS": "0", "SEEDS": "3", "HPARAM": "dca", "LANG": "C"}
+    proc = recipe("train.sh", "residual_e6d6", "iwslt14_en_de", env=env)
+    warnings = [line for line in proc.stderr.splitlines() if "warning:" in line]
+    assert warnings == ["[train] warning: HPARAM is set but is not a variable of this recipe, so it is ignored; did you mean HPARAMS?",
+                        "[train] warning: SEEDS is set but is not a variable of this recipe, so it is ignored; did you mean SEED?"]  # fmt: skip
+
+
 def test_evaluate_rejects_a_missing_checkpoint(tmp_path):
     fx.write_text(tmp_path / "data" / "recipe.json", ["{}"])
     proc = recipe("evaluate.sh", str(tmp_path / "data"), str(tmp_path / "ck"), check=False)

@@ -161,5 +161,5 @@ def test_arch_lrs_lists_widen_one_models_grid():
 def test_a_variable_that_nearly_spells_one_of_the_study_is_named_not_silently_ignored():
     environ = {"SEED": "3", "MAX_UPDATES": "50", "LR": "2e-3", "PATH": "/bin", "OMP_NUM_THREADS": "1", "SEEDS": "1",
                "LANG": "C", "TERM": "xterm", "lowercase_seed": "1"}  # fmt: skip
-    near = study_checks.misspelt_variables(environ, (*study.ENV_VARS, "REPORT_ONLY"))
+    near = study_common.misspelt_variables(environ, (*study.ENV_VARS, "REPORT_ONLY"))
     assert near == [("LR", "LRS"), ("MAX_UPDATES", "MAX_UPDATE"), ("SEED", "SEEDS")]

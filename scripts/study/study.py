@@ -60,6 +60,7 @@ from study_common import (
     check_archs,
     log,
     machine,
+    misspelt_variables,
     read_manifest,
     run_main,
 )
@@ -329,8 +330,8 @@ def main(argv=None, defaults: Defaults | None = None):
     warnings.filterwarnings("ignore")
     args = parse_args(argv, defaults)
     tag = args.defaults.tag
-    for name, match in study_checks.misspelt_variables(os.environ, (*ENV_VARS, "REPORT_ONLY")):
-        log(tag, f"warning: {name} is set but is not a variable of this tool, so it is ignored; did you mean {match}?")
+    for name, match in misspelt_variables(os.environ, (*ENV_VARS, "REPORT_ONLY")):
+        log(tag, f"warning: {name} is set but is not a variable of this recipe, so it is ignored; did you mean {match}?")
     started = _now()
     check_archs(args.arch_list, "ARCHS (--archs)", lm=args.task == study_lm.TASK)
     out = args.out_dir

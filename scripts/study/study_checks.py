@@ -6,7 +6,6 @@ combination fail later (SentencePiece's ``INTERNAL ... vocab_size`` error) or, w
 the same single run).
 """
 
-import difflib
 import json
 import re
 import tempfile
@@ -18,18 +17,6 @@ _TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set
 # SentencePiece's limit does not depend on the requested size once that is too high: ask for more than any
 # corpus here allows and read the limit from the error
 _PROBE_SIZE = 10**7
-
-
-def misspelt_variables(environ: dict, known: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Set variables that are not the study's but nearly spell one (SEED for SEEDS, MAX_UPDATES for MAX_UPDATE):
-    the shell passes them on and nothing reads them, so the run would silently keep the default."""
-    near = []
-    for name in sorted(environ):
-        if name.isupper() and name not in known:
-            match = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-            if match:
-                near.append((name, match[0]))
-    return near
 
 
 def parse_pairs(text: str, archs: list[str]) -> list[tuple[str, str]]:

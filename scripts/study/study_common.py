@@ -54,6 +54,7 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     exit_text,
     fairseq_module,
     log,
+    misspelt_variables,
     read_lines,
     read_manifest,
     run_main,
