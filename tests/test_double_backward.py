@@ -4,20 +4,25 @@ raises an error naming the module, instead of silently dropping terms.
 AttnRes's and MUDD's backwards accumulate into buffers shared by the forward pass, outside autograd; mHC's
 Sinkhorn normalisation and the RMS-scaled coefficient product treat saved forward intermediates as constants.
 Each would give a wrong second derivative, so each is once-differentiable, as the fused kernels already were.
+The error is reached however the second derivative is asked for: by ``.backward()``, and by
+``torch.autograd.grad(penalty, params)``, which runs only the nodes that lead to ``params``. The multi-stream
+kernels' message points to their twice-differentiable PyTorch code where hyper-connections have it.
 """
 
 import pytest
 import torch
 from torch import nn
 
-from fairseq_plugins.kernels import grn_kernel
+from fairseq_plugins.kernels import grn_kernel, mhc_kernel
 from fairseq_plugins.modules.attn_res import AttentionResiduals
 from fairseq_plugins.modules.grn import GRNv3
+from fairseq_plugins.modules.hyper_connections import HyperConnection
 from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
 from fairseq_plugins.modules.muddformer import MultiwayDenseConnections
 from fairseq_plugins.modules.skinny import rms_project_t
 
 from .new_ideas_common import DIM, branch, branch_weights, random_input, randomize_
+from .test_grn_kernel import needs_kernel
 from .test_grn_kernel_modes import gated
 from .test_new_muddformer import layer_weights
 from .test_new_muddformer import run as run_mudd
@@ -90,3 +95,56 @@ def test_a_first_derivative_is_unchanged_under_create_graph(name):
     (plain,) = torch.autograd.grad(f(x).square().sum(), x)
     (graph,) = torch.autograd.grad(f(x).square().sum(), x, create_graph=True)
     torch.testing.assert_close(graph.detach(), plain, rtol=0, atol=0)
+
+
+def _penalty_grad(f, x, p, loss):
+    """d/dp of |d loss(f(x p)) / dx|^2: the second derivative through f, asked for p alone."""
+    (grad,) = torch.autograd.grad(LOSSES[loss](f(x * p)), x, create_graph=True)
+    return torch.autograd.grad(grad.square().sum(), p, allow_unused=True)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_second_derivative_asked_for_some_parameters_raises_too(name, loss):
+    f, module = CASES[name]
+    x = random_input(3, 2, DIM).requires_grad_()
+    p = torch.linspace(0.5, 1.5, DIM, dtype=x.dtype).requires_grad_()
+    with pytest.raises(RuntimeError, match="no second derivative") as err:
+        _penalty_grad(f, x, p, loss)
+    assert module in str(err.value)
+
+
+def _hc(kernel: bool, dtype=torch.float32):
+    torch.manual_seed(0)
+    hc = HyperConnection(DIM, 2, 0, True).to(dtype)
+    randomize_(hc, scale=0.1)
+
+    def f(x):
+        with mhc_kernel.enabled(kernel):
+            return hc(x.reshape(3, 1, 2, DIM), torch.tanh)
+
+    return f
+
+
+@needs_kernel
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_the_multi_stream_kernels_raise_and_point_to_the_pytorch_code(loss):
+    x = random_input(3, 2, DIM).float().requires_grad_()
+    p = torch.linspace(0.5, 1.5, DIM).requires_grad_()
+    with pytest.raises(RuntimeError, match="no second derivative") as err:
+        _penalty_grad(_hc(True), x, p, loss)
+    assert "FAIRSEQ_PLUGINS_MHC_KERNEL=0" in str(err.value)
+    (kernels_off,) = _penalty_grad(_hc(False), x, p, loss)  # which has one for hyper-connections
+    assert kernels_off is not None and torch.isfinite(kernels_off).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_the_grn_kernels_raise_for_some_parameters_too(loss):
+    x = random_input(3, 2, DIM).float().requires_grad_()
+    p = torch.linspace(0.5, 1.5, DIM).requires_grad_()
+    grn, norm = gated(GRNv3(DIM, 3, 3)), nn.LayerNorm(DIM)
+    stack = lambda x: [torch.stack([x, x.tanh(), x.sin()])]
+    assert grn_kernel.usable(stack(x), grn.b, grn.w, norm.weight, norm.bias)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        _penalty_grad(lambda x: grn(stack(x), norm=norm)[1], x, p, loss)

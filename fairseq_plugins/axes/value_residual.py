@@ -72,7 +72,10 @@ def check(args, plan) -> None:
 
 
 def attach(model, args) -> None:
-    """Install the mixes and clear each stack's V_1 after every forward pass (nothing kept alive)."""
+    """Install the mixes and clear each stack's V_1 after every forward call through the module (training,
+    scoring). fairseq's beam search calls the encoder's and decoder's ``forward`` directly, which runs no hooks:
+    the last decoding step's V_1 (no autograd graph, one step's size) then stays until the next pass overwrites
+    it. A forward override on the instance would catch those calls, but a deep copy of the model would share it."""
     if args.value_residual == "none":
         return
     wired = [("decoder", "self_attn", False)]

@@ -88,12 +88,13 @@ def _(b, w, norm_weight, with_norm, grad, grad_first, mean, rstd, rho, dot, norm
 
 
 class _Undifferentiable(torch.autograd.Function):
-    """Copies of its tensors whose gradient raises ``message``; ``anchor`` ties them into the graph."""
+    """Copies of its tensors whose gradient raises ``message``; the first ``anchors`` tensors tie them into the
+    graph (they are not copied)."""
 
     @staticmethod
-    def forward(ctx, anchor, message, *tensors):
+    def forward(ctx, message, anchors, *tensors):
         ctx.message = message
-        return tuple(t.clone() for t in tensors)
+        return tuple(t.clone() for t in tensors[anchors:])
 
     @staticmethod
     def backward(ctx, *grads):
@@ -102,9 +103,10 @@ class _Undifferentiable(torch.autograd.Function):
 
 def once_differentiable(backward, message: str = NO_DOUBLE_BACKWARD):
     """Run ``backward(ctx, *grads)`` without autograd; under create_graph=True its results (tensors, or lists of
-    tensors) come out tied to the incoming gradients through a node that raises ``message`` if a second
-    backward reaches it (torch's own once_differentiable takes no lists, and its message names no module).
-    Also used by the mHC kernel (mhc_ops.py) with its own message."""
+    tensors) come out tied to the incoming gradients and the saved tensors through a node that raises ``message``
+    if a second backward reaches it (torch's own once_differentiable takes no lists, and its message names no
+    module). A Function whose saved tensors do not include its differentiable inputs saves them for this. Also
+    used by the mHC kernel (mhc_ops.py) with its own message."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
@@ -112,20 +114,25 @@ def once_differentiable(backward, message: str = NO_DOUBLE_BACKWARD):
             results = backward(ctx, *grads)
         if not torch.is_grad_enabled():  # create_graph=False: nothing can differentiate the results
             return results
-        # the results depend on the saved inputs even where no incoming gradient carries a graph (a loss that
-        # is a plain sum, an aggregation's empty handle): tied to a leaf of their own then, so that a second
-        # backward still reaches the error instead of treating them as constants
-        anchor = next((g for g in grads if isinstance(g, Tensor) and g.requires_grad), None)
-        anchor = torch.zeros((), requires_grad=True) if anchor is None else anchor
+        single = not isinstance(results, tuple)  # one input's gradient, returned bare
+        results = (results,) if single else results
+        # the results depend on the incoming gradients and on the saved tensors (the inputs among them): tied to
+        # every one that carries a graph, so that a second backward reaches the error whichever tensors it asks
+        # about (torch.autograd.grad(penalty, params) runs only the nodes leading to params); to a leaf of their
+        # own where none does (a loss that is a plain sum), rather than left as constants
+        anchors = [g for g in grads if isinstance(g, Tensor) and g.requires_grad]
+        anchors += [t for t in ctx.saved_tensors if isinstance(t, Tensor) and t.requires_grad]
+        anchors = anchors or [torch.zeros((), requires_grad=True)]
         flat = [t for r in results for t in (r if isinstance(r, list | tuple) else [r]) if isinstance(t, Tensor)]
-        tied = iter(_Undifferentiable.apply(anchor, message, *flat))
+        tied = iter(_Undifferentiable.apply(message, len(anchors), *anchors, *flat))
 
         def swap(r):
             if isinstance(r, list | tuple):
                 return type(r)(swap(t) for t in r)
             return next(tied) if isinstance(r, Tensor) else r
 
-        return tuple(swap(r) for r in results)
+        out = tuple(swap(r) for r in results)
+        return out[0] if single else out
 
     return wrapper
 

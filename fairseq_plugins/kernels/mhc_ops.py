@@ -8,7 +8,8 @@ them without graph breaks); in eager autograd as an autograd Function with the s
 directly. The operators are total: logits the kernel sends to the log domain get the PyTorch code's result
 (forward) and its autograd gradient (backward), so callers need not know.
 
-Double backward through the kernel raises NO_DOUBLE_BACKWARD (the hand-written backward has no derivative).
+Double backward through a kernel raises NO_DOUBLE_BACKWARD (the gates) or NO_DOUBLE_BACKWARD_STREAMS (the
+hand-written backwards have no derivative).
 """
 
 import functools
@@ -20,9 +21,16 @@ from . import hc_kernel, mhc_kernel
 from .grn_ops import once_differentiable
 
 NO_DOUBLE_BACKWARD = (
-    "the mHC kernel (fairseq_plugins/kernels/mhc_cpu.c) has no second derivative: a double backward "
+    "the mHC gate kernel (fairseq_plugins/kernels/mhc_cpu.c) has no second derivative: a double backward "
     "(create_graph=True, e.g. a gradient penalty) cannot go through it (nor through the PyTorch code, "
     "modules/mhc.py, whose Sinkhorn backward has none either)"
+)
+# the mixing, the depth connection and dynamic HC's coefficients have PyTorch code that is twice differentiable
+NO_DOUBLE_BACKWARD_STREAMS = (
+    "the multi-stream kernels (mixing, depth connection, dynamic hyper-connections' coefficients; "
+    "fairseq_plugins/kernels/mhc_cpu.c) have no second derivative: a double backward (create_graph=True, e.g. a "
+    "gradient penalty) cannot go through them; FAIRSEQ_PLUGINS_MHC_KERNEL=0 runs the PyTorch code, which has one "
+    "for hyper-connections (mHC's Sinkhorn gates have none either way)"
 )
 
 
@@ -155,7 +163,7 @@ def _mix_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, coef)
 
 
-@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD_STREAMS)
 def _mix_backward(ctx, grad_u, grad_mixed):
     x, coef = ctx.saved_tensors
     if grad_u is None:
@@ -224,7 +232,7 @@ def _post_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[1:3])  # post, out: mixed is not needed
 
 
-@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD_STREAMS)
 def _post_backward(ctx, grad):
     post, out = ctx.saved_tensors
     kernel = mhc_kernel.post_backward if getattr(ctx, "eager", False) else mhc_post_backward
@@ -294,7 +302,7 @@ def _hc_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, bias, w, scale, output[1])
 
 
-@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
+@functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD_STREAMS)
 def _hc_backward(ctx, grad, grad_z):
     x, weight, bias, w, scale, z = ctx.saved_tensors
     kernel = hc_kernel.hc_coefficients_backward if getattr(ctx, "eager", False) else hc_coef_backward

@@ -128,13 +128,13 @@ class _Store(torch.autograd.Function):
         # thin operand first (modules/skinny.py: v @ k^T with few keys is several times slower on the CPU)
         torch.mul((keys[first:] @ vv.t()).t(), inv, out=src.logits[:, slot, first:])
         ctx.src, ctx.slot, ctx.first, ctx.shape = src, slot, first, v.shape
-        ctx.save_for_backward(keys, inv)
+        ctx.save_for_backward(keys, inv, v)  # v only ties a double backward's error to it (once_differentiable)
         return v.new_empty(0)
 
     @staticmethod
     @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, _):
-        keys, inv = ctx.saved_tensors
+        keys, inv, _ = ctx.saved_tensors
         src, s, f = ctx.src, ctx.slot, ctx.first
         v = src.values[s]
         grad, src.grad_values[s] = src.grad_values[s], None
@@ -180,13 +180,14 @@ class _Read(torch.autograd.Function):
         if partial is not None:
             out = torch.addcmul(out, partial, wt[slots])
         ctx.src, ctx.query, ctx.slots, ctx.handles = src, query, slots, len(handles)
-        ctx.save_for_backward(weights, wt, partial)
+        # partial_logit and the handles only tie a double backward's error to them (once_differentiable)
+        ctx.save_for_backward(weights, wt, partial, partial_logit, *handles)
         return out
 
     @staticmethod
     @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
-        weights, wt, partial = ctx.saved_tensors
+        weights, wt, partial, *_ = ctx.saved_tensors
         src, q, k = ctx.src, ctx.query, ctx.slots
         grad = grad.contiguous()
         sources = src.values[:k] + ([partial] if partial is not None else [])

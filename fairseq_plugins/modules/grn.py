@@ -144,19 +144,22 @@ class _GRNFunction(torch.autograd.Function):
         gates = [_gate(g, w) for g in flat] if w is not None else None
         x, _ = _mix(flat, b, gates)
         stats = [t for gate in gates for t in gate] if gates is not None else []
+        # the chunks as given, not their views made here: those carry no autograd history, and once_differentiable
+        # ties a double backward's error to the saved inputs
         if not with_norm:
-            ctx.save_for_backward(b, w, None, None, None, None, *flat, *stats)
+            ctx.save_for_backward(b, w, None, None, None, None, *chunks, *stats)
             return x.view(-1, *ctx.shape)
         h, mean, rstd = torch.native_layer_norm(x, (dim,), norm_weight, norm_bias, norm_eps)
-        ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *flat, *stats)
+        ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *chunks, *stats)
         return x[0].view(ctx.shape), h.view(-1, *ctx.shape)
 
     @staticmethod
     @grn_ops.once_differentiable  # no double backward, as in the kernels' operator (one error for both)
     def backward(ctx, *grads):
         b, w, norm_weight, norm_bias, mean, rstd, *rest = ctx.saved_tensors
-        flat, stats = rest[: ctx.n_chunks], rest[ctx.n_chunks :]
-        dim = flat[0].size(-1)
+        chunks, stats = rest[: ctx.n_chunks], rest[ctx.n_chunks :]
+        dim = chunks[0].size(-1)
+        flat = [c.reshape(c.size(0), -1, dim) for c in chunks]  # the forward's (entries, tokens, d) views
         gates = [stats[3 * c : 3 * c + 3] for c in range(ctx.n_chunks)] if w is not None else None
         grad_norm_weight = grad_norm_bias = None
         if ctx.with_norm:

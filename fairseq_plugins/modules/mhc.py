@@ -143,7 +143,7 @@ class _Normalisations(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, m: Tensor, iters: int) -> Tensor:
-        saved = []
+        saved = [m]  # the input only ties a double backward's error to it (once_differentiable)
         for _ in range(iters):
             for dim in (0, 1):  # T_c: every column sums to 1 (over rows i), then T_r: every row sums to 1
                 total = m.sum(dim, keepdim=True)
@@ -156,7 +156,7 @@ class _Normalisations(torch.autograd.Function):
     # its formula treats the saved iterates as constants: a second derivative would miss their terms
     @functools.partial(grn_ops.once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
-        saved = ctx.saved_tensors
+        saved = ctx.saved_tensors[1:]
         grad = grad.contiguous()  # arrives as a transposed view: strided operators are 3-4x slower
         for k in range(len(saved) // 2 - 1, -1, -1):
             y, total, dim = saved[2 * k], saved[2 * k + 1], 0 if k % 2 == 0 else 1

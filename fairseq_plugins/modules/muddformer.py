@@ -83,6 +83,7 @@ class _Keep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, outs: _Outputs) -> Tensor:
         ctx.outs, ctx.slot, ctx.shape = outs, outs.count, x.shape
+        ctx.save_for_backward(x)  # only ties a double backward's error to x (once_differentiable)
         outs.bank[outs.count].copy_(x.reshape(outs.bank.shape[1:]))
         outs.count += 1
         return x.new_empty(0)
@@ -111,13 +112,13 @@ class _Aggregate(torch.autograd.Function):
     def forward(ctx, a: Tensor, outs: _Outputs, *handles) -> Tensor:
         k = a.shape[-1]
         ctx.outs, ctx.handles = outs, len(handles)
-        ctx.save_for_backward(a)
+        ctx.save_for_backward(a, *handles)  # the handles tie a double backward's error to the outputs read
         return torch.bmm(a, outs.bank[:k].transpose(0, 1))
 
     @staticmethod
     @functools.partial(once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
-        (a,) = ctx.saved_tensors
+        a, *_ = ctx.saved_tensors
         outs, k = ctx.outs, a.shape[-1]
         grad = grad.contiguous()
         grad_a = torch.bmm(grad, outs.bank[:k].permute(1, 2, 0))
