@@ -25,5 +25,5 @@ bool_var() {
 # warn_misspelt TAG NAME...: a set variable that nearly spells one of the recipe's NAMEs (SEEDS for SEED,
 # MAX_UPDATES for MAX_UPDATE) is named in a warning, since nothing reads it and the recipe would keep the default
 warn_misspelt() {
-  "$py" "$root/scripts/recipe_common.py" misspelt "$@" RECIPE_PYTHON VENV_DIR
+  "$py" "$root/scripts/recipe_common.py" misspelt "$@" RECIPE_PYTHON VENV_DIR || true  # a warning never stops a recipe
 }

@@ -333,6 +333,13 @@ def test_reported_commands_name_no_place_of_this_machine():
            "/elsewhere/checkout/fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
     assert study_common.portable_command(cmd, REPO) == ["python", "-m", "fairseq_cli.train", "docs/study/x/data-bin", "--user-dir",
                                                  "fairseq_plugins", "--arch", "residual_e6d6"]  # fmt: skip
+    # a finished run is reused under the same set-up: its stored (portable) command against the one built now,
+    # whose path-valued options are absolute; a path that only contains the plugin's name is not the plugin
+    now = [*cmd, "--tensorboard-logdir", str(REPO / "work_dirs" / "tb"), "--restore-file", "/data/fairseq_plugins_old/x.pt"]
+    stored = study_common.portable_command(now, REPO)
+    assert stored[-3:] == ["work_dirs/tb", "--restore-file", "/data/fairseq_plugins_old/x.pt"]
+    assert study_common.command_differences(stored, now) == []
+    assert study_common.command_differences(stored, [*now[:-1], "/data/other.pt"]) != []
 
 
 def test_report_lists_every_candidate_each_comparison_and_each_run():

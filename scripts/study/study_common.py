@@ -213,8 +213,9 @@ def _options(cmd: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def command_differences(before: list[str], now: list[str]) -> list[str]:
-    """How two fairseq-train commands differ in what they train (not where they run), readably."""
-    old, new = _options(before), _options(now)
+    """How two fairseq-train commands differ in what they train (not where they run), readably. Both are made
+    portable first: a stored record is, and a path-valued option (after --) names the same place either way."""
+    old, new = _options(portable_command(before, REPO)), _options(portable_command(now, REPO))
     differences = []
     for name in dict.fromkeys([*old, *new]):
         if old.get(name) != new.get(name):
@@ -241,8 +242,9 @@ def portable_command(cmd: list[str], repo: Path) -> list[str]:
             token = "python"
         elif token.startswith("/"):
             shown = shown_path(Path(token), repo)
-            if shown.startswith("/") and "/fairseq_plugins" in shown:
-                shown = "fairseq_plugins" + shown.rsplit("/fairseq_plugins", 1)[1]
+            parts = Path(shown).parts
+            if shown.startswith("/") and "fairseq_plugins" in parts:  # another checkout's plugin
+                shown = str(Path(*parts[len(parts) - 1 - parts[::-1].index("fairseq_plugins") :]))
             token = shown
         out.append(token)
     return out
