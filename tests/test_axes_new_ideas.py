@@ -7,6 +7,7 @@ import io
 
 import pytest
 import torch
+from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from fairseq_plugins.axes import IncompatibleChoices
@@ -210,6 +211,16 @@ def test_value_residual_mixes_the_first_layers_values_in_every_stack():
             torch.testing.assert_close(mixed[n], 0.5 * v1 + 0.5 * vn)
         torch.testing.assert_close(mixed[0], v1)
         assert not projections[0].store  # V_1 is not kept after the forward pass
+    # nor after beam search, which calls the encoder's and decoder's forward directly (no hooks run)
+    src, lengths, _ = random_batch(model)
+    generator = SequenceGenerator([model], model.decoder.dictionary, beam_size=2, max_len_a=0, max_len_b=4)
+    with torch.no_grad():
+        generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    stores = {id(getattr(layer, attr).v_proj.store) for side, attr in (("encoder", "self_attn"), ("decoder", "self_attn"))
+              for layer in getattr(model, side).layers}  # fmt: skip
+    assert len(stores) == 2 and all(not getattr(layer, attr).v_proj.store for side, attr in
+                                    (("encoder", "self_attn"), ("decoder", "self_attn"), ("decoder", "encoder_attn"))
+                                    for layer in getattr(model, side).layers)  # fmt: skip
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -72,10 +72,8 @@ def check(args, plan) -> None:
 
 
 def attach(model, args) -> None:
-    """Install the mixes and clear each stack's V_1 after every forward call through the module (training,
-    scoring). fairseq's beam search calls the encoder's and decoder's ``forward`` directly, which runs no hooks:
-    the last decoding step's V_1 (no autograd graph, one step's size) then stays until the next pass overwrites
-    it. A forward override on the instance would catch those calls, but a deep copy of the model would share it."""
+    """Install the mixes. The stack's last layer takes V_1 out of the store; the hook also clears it after every
+    call through the module, for a pass that stopped before the last layer (an exception)."""
     if args.value_residual == "none":
         return
     wired = [("decoder", "self_attn", False)]

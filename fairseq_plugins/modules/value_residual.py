@@ -131,20 +131,22 @@ class ValueResidualStack(nn.Module):
 
 class ValueResidualProjection(nn.Module):
     """v_proj of one attention layer with the value residual: layer 1 (``mix`` None) stores V_1 in ``store``,
-    later layers return mix(V_n, V_1, x). Owns the replaced Linear's Parameters under the same names."""
+    later layers return mix(V_n, V_1, x); the last one (``last``) takes V_1 out of the store, so nothing outlives
+    the pass, also where fairseq calls a stack's forward directly (beam search) and no hook runs. Owns the
+    replaced Linear's Parameters under the same names."""
 
-    def __init__(self, linear: nn.Linear, mix: ValueResidual | None, store: dict, key: str):
+    def __init__(self, linear: nn.Linear, mix: ValueResidual | None, store: dict, key: str, last: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.mix, self.store, self.key = mix, store, key
+        self.mix, self.store, self.key, self.last = mix, store, key, last
 
     def forward(self, x: Tensor) -> Tensor:
         v = F.linear(x, self.weight, self.bias)
         if self.mix is None:
             self.store[self.key] = v
             return v
-        return self.mix(v, self.store[self.key], x)
+        return self.mix(v, self.store.pop(self.key) if self.last else self.store[self.key], x)
 
 
 def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tuple[float, float] = (0.5, 0.5),
@@ -160,6 +162,6 @@ def attach_value_residual(attentions: list, mode: str = "identity", lambdas: tup
     for n, attn in enumerate(attentions):
         weight = attn.v_proj.weight  # the attention may already be converted (dtype, device): follow it
         mix = None if n == 0 else ValueResidual(mode, attn.embed_dim, attn.num_heads, lambdas).to(weight)
-        attn.v_proj = ValueResidualProjection(attn.v_proj, mix, store, key)
+        attn.v_proj = ValueResidualProjection(attn.v_proj, mix, store, key, last=n == len(attentions) - 1)
         attn._set_skip_embed_dim_check()  # the fused path would read v_proj.weight and skip the mix
     return store
