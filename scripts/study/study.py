@@ -60,9 +60,9 @@ from study_common import (
     check_archs,
     log,
     machine,
-    misspelt_variables,
     read_manifest,
     run_main,
+    warn_misspelt,
 )
 from study_console import _minutes, console_table
 from study_run import INTERRUPTED, Study, _now, grid  # noqa: F401  (INTERRUPTED, grid: for the tests and main_job)
@@ -330,8 +330,7 @@ def main(argv=None, defaults: Defaults | None = None):
     warnings.filterwarnings("ignore")
     args = parse_args(argv, defaults)
     tag = args.defaults.tag
-    for name, match in misspelt_variables(os.environ, (*ENV_VARS, "REPORT_ONLY")):
-        log(tag, f"warning: {name} is set but is not a variable of this recipe, so it is ignored; did you mean {match}?")
+    warn_misspelt(tag, (*ENV_VARS, "REPORT_ONLY"))
     started = _now()
     check_archs(args.arch_list, "ARCHS (--archs)", lm=args.task == study_lm.TASK)
     out = args.out_dir

@@ -58,6 +58,7 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     read_lines,
     read_manifest,
     run_main,
+    warn_misspelt,
     write_json,
     write_text,
 )
