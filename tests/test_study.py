@@ -186,6 +186,8 @@ def test_early_stopping_follows_fairseqs_rule_across_a_resume(tmp_path):
     cmd = study_common.train_command(run_, args.setup, args.budget, tmp_path, {"source_lang": "de", "target_lang": "en"},
                                      tmp_path, 100, [], [])  # fmt: skip
     assert cmd[cmd.index("--patience") + 1] == "3" and "at most 1000 updates each, stopped early" in args.budget.describe()
+    # fairseq runs in the repository and prints its arguments into the committed train.log: no machine's directories
+    assert cmd[cmd.index("--user-dir") + 1] == "fairseq_plugins"
 
 
 def test_warmdecay_differs_from_nowarmup_only_in_the_warmup():

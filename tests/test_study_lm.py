@@ -77,6 +77,7 @@ def test_lm_command_trains_packed_blocks_with_the_dca_cpu_optimizer(tmp_path):
     assert value["--task"] == "language_modeling" and value["--sample-break-mode"] == "none"
     assert value["--tokens-per-sample"] == "128" and value["--max-tokens"] == "2048" and value["--weight-decay"] == "0.1"
     assert value["--criterion"] == "cross_entropy" and "--share-decoder-input-output-embed" in cmd
+    assert value["--user-dir"] == "fairseq_plugins"  # relative to the repository, where fairseq runs
     assert "--label-smoothing" not in cmd and "--source-lang" not in cmd and value["--seed"] == "3"
     sg = study_lm.train_command(study_common.Run("crossformer_sg_lm_d6", "warmup", 1e-3, 400, 1), study_lm.LMSetup(),
                                 budget, tmp_path, tmp_path, 10, [], [])  # fmt: skip

@@ -63,6 +63,10 @@ from recipe_common import (  # noqa: F401  (re-exported for study.py)
     write_text,
 )
 
+# every fairseq step runs with the repository as its working directory (study_run.Proc), so the plugin is named
+# relative to it: fairseq prints its arguments into train.log, which is committed and names no machine's directories
+PLUGIN_ARG = str(PLUGIN_DIR.relative_to(REPO))
+
 VARIANTS = ("warmup", "nowarmup", "warmdecay")
 WARMUP_VARIANTS = ("warmup", "warmdecay")  # the variants with a warm-up (WARMUPS applies to them)
 DECAY_VARIANTS = ("nowarmup", "warmdecay")  # the variants whose lr reaches 0 at MAX_UPDATE
@@ -185,7 +189,7 @@ def train_command(run: Run, setup: Setup, budget: Budget, data: Path, manifest: 
                   valid_every: int, model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
     """fairseq-train for one run; ``model_args`` and ``extra`` come last, so they override the set-up."""
     cmd = fairseq_module("train") + [
-        data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", "translation",
+        data, "--user-dir", PLUGIN_ARG, "--arch", run.arch, "--task", "translation",
         "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
         "--share-all-embeddings", *optimizer_args(run, setup, budget),
         "--label-smoothing", repr(setup.label_smoothing), *criterion_args(run.arch),

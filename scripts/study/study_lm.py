@@ -31,7 +31,7 @@ from pathlib import Path
 
 from study_common import (
     GUIDANCE_CRITERION,
-    PLUGIN_DIR,
+    PLUGIN_ARG,
     Budget,
     RecipeError,
     Run,
@@ -113,7 +113,7 @@ def train_command(run: Run, setup: LMSetup, budget: Budget, data: Path, save_dir
                   model_args: list[str], extra: list[str]) -> list[str]:  # fmt: skip
     """fairseq-train --task language_modeling for one run; ``model_args`` and ``extra`` come last (they win)."""
     cmd = fairseq_module("train") + [
-        data, "--user-dir", PLUGIN_DIR, "--arch", run.arch, "--task", TASK,
+        data, "--user-dir", PLUGIN_ARG, "--arch", run.arch, "--task", TASK,
         "--tokens-per-sample", str(setup.tokens_per_sample), "--sample-break-mode", "none",
         "--share-decoder-input-output-embed", *optimizer_args(run, setup, budget), *criterion_args(run.arch),
         *run_args(run, setup, budget, save_dir, valid_every),
