@@ -86,8 +86,10 @@ def test_golden_checkpoint_translates_identically(arch):
     )
     for e, g in zip(expected, got, strict=True):
         assert g["tokens"] == e["tokens"]
-        assert g["score"] == pytest.approx(e["score"], abs=1e-6)
-        assert g["positional_scores"] == pytest.approx(e["positional_scores"], abs=1e-6)
+        # the same tokens; scores to float32 rounding of another CPU's kernels (recorded on AMD AVX2, an Intel
+        # AVX-512 machine differs by up to 2e-6 in a positional score)
+        assert g["score"] == pytest.approx(e["score"], abs=1e-5)
+        assert g["positional_scores"] == pytest.approx(e["positional_scores"], abs=1e-5)
 
 
 def test_every_golden_family_has_a_checkpoint():
