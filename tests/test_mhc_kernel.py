@@ -234,8 +234,8 @@ def test_decoding_coefficients_in_one_call_equal_the_pytorch_code(n, dim, tokens
     """Without autograd the whole coefficient maths runs in mhc_coefficients (RMSNorm, product, gates, bias,
     then the gates kernel) or, for mHC-lite, mhc_lite_coefficients (the same, then the softmax over the n!
     permutations); float64 maths of the same unit is the reference."""
-    if residual == "permutations":
-        pytest.skip("mHC-lite's coefficient kernel is off (mhc_kernel.usable_coefficients): wrong on AVX-512")
+    if residual == "permutations" and n > 5:
+        pytest.skip("mHC-lite takes n <= 5")
     torch.manual_seed(n + dim)
     unit = ManifoldHyperConnection(dim, n, site=2, residual=residual)
     with torch.no_grad():

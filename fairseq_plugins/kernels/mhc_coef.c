@@ -51,7 +51,11 @@ static void coef_logits(const float *restrict v, const float *restrict raw, cons
     for (int64_t t = t0; t < t1; t++) {
         const float *vt = v + t * N;
         float scale = 1.0f / sqrtf(dot(vt, vt, N) / (float)N + eps); /* in LANES partial sums (mhc_mix.c) */
-        for (int k = 0; k < K; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[k < n ? 0 : k < 2 * n ? 1 : 2];
+        /* one loop per gate, not gates[k < n ? 0 : ...] in one: GCC 12 with -march=native (AVX-512) and -fopenmp
+         * vectorised that loop wrongly in lite_tokens (H_pre's first logit came out 0) */
+        for (int k = 0; k < n; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[0];
+        for (int k = n; k < 2 * n; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[1];
+        for (int k = 2 * n; k < K; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[2];
     }
 }
 
@@ -82,7 +86,8 @@ static void lite_tokens(const float *restrict v, const float *restrict raw, cons
     for (int64_t t = t0; t < t1; t++) {
         const float *vt = v + t * N;
         float scale = 1.0f / sqrtf(dot(vt, vt, N) / (float)N + eps);
-        for (int k = 0; k < 2 * n; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[k < n ? 0 : 1];
+        for (int k = 0; k < n; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[0]; /* as coef_logits */
+        for (int k = n; k < 2 * n; k++) out[k * T + t] = bias[k] + raw[k * T + t] * scale * gates[1];
         float top = -INFINITY, total = 0.0f;
         for (int k = 0; k < nf; k++) {
             a[k] = bias[2 * n + k] + raw[(2 * n + k) * T + t] * scale * gates[2];

@@ -299,8 +299,6 @@ def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tens
 
 def usable_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int,
                         iters: int, permutations: bool = False) -> bool:  # fmt: skip
-    """Whether the kernel is on, can be had, and ``coefficients`` takes these inputs. mHC-lite's
-    (``permutations``) is off: on an Intel AVX-512 machine its H_pre and H_post came out wrong for n >= 3
-    (tests/test_mhc_kernel.py, 2026-11-26) where an AMD machine passed, so PyTorch's code runs until it is found."""
-    return (not permutations and _enabled and check_coefficients(v, gain, phi, bias, gates, n, iters, permutations) is None
+    """Whether the kernel is on, can be had, and ``coefficients`` takes these inputs."""
+    return (_enabled and check_coefficients(v, gain, phi, bias, gates, n, iters, permutations) is None
             and _available())  # fmt: skip
