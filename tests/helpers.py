@@ -139,7 +139,8 @@ def make_reversal_corpus(directory: Path, sizes=(("train", 400), ("valid", 40), 
 def fairseq_cli(tool: str) -> list[str]:
     """The command that runs a fairseq console script with this interpreter (no PATH lookups)."""
     module = {"train": "fairseq_cli.train", "generate": "fairseq_cli.generate",
-              "preprocess": "fairseq_cli.preprocess", "interactive": "fairseq_cli.interactive"}[tool]  # fmt: skip
+              "preprocess": "fairseq_cli.preprocess", "interactive": "fairseq_cli.interactive",
+              "validate": "fairseq_cli.validate"}[tool]  # fmt: skip
     return [sys.executable, "-m", module]
 
 

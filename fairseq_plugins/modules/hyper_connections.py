@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ..kernels import hc_kernel, mhc_kernel, mhc_ops
 from .mhc import depth_connection
+from .parameter_cache import DerivedFromParameters
 from .skinny import post_add, skinny_matmul
 
 MODES = ("static", "dynamic")
@@ -48,7 +49,7 @@ def _tracing() -> bool:
 DYNAMIC_SCALE_INIT = 0.01
 
 
-class HyperConnection(nn.Module):
+class HyperConnection(DerivedFromParameters):
     """The hyper-connection of one residual site.
 
     Args:
@@ -76,7 +77,6 @@ class HyperConnection(nn.Module):
             order = torch.tensor([0, rate + 1, *range(1, rate + 1)])
             self.register_buffer("kernel_order", order, persistent=False)
             self.register_buffer("kernel_scale_index", torch.tensor([0, 1] + [0] * rate), persistent=False)
-        self._decoding_cache: tuple | None = None
 
     def forward(self, streams: Tensor, sublayer) -> Tensor:
         """H_new for H = streams `(seq_len, batch, n, embed_dim)`; ``sublayer`` maps h_in `(seq_len, batch,
@@ -149,14 +149,13 @@ class HyperConnection(nn.Module):
 
     def _decoding_parameters(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         """static (K), scales (K) and the dynamic weight's rows (n + 2, d) in the kernels' order, without autograd;
-        kept while the parameters are unchanged (their storage and version counters), since a decoding step's
-        dozen small operators to derive them cost about as much as the step's coefficient maths."""
-        params = (self.static_alpha, self.static_beta, self.dynamic_weight, self.alpha_scale, self.beta_scale)
-        key = (dtype, *((p.data_ptr(), p._version) for p in params))
-        if self._decoding_cache is None or self._decoding_cache[0] != key:
+        kept while the parameters are unchanged (modules/parameter_cache.py), since a decoding step's dozen small
+        operators to derive them cost about as much as the step's coefficient maths."""
+        def derive():
             n = self.rate
             scales = torch.stack([self.alpha_scale, self.beta_scale]).to(dtype)[self.kernel_scale_index]
-            derived = (self._static_coefficients(dtype).view(-1), scales.repeat_interleave(n),
-                       self.dynamic_weight.to(dtype)[:, self.kernel_order].t().contiguous())  # fmt: skip
-            self._decoding_cache = (key, derived)
-        return self._decoding_cache[1]
+            return (self._static_coefficients(dtype).view(-1), scales.repeat_interleave(n),
+                    self.dynamic_weight.to(dtype)[:, self.kernel_order].t().contiguous())  # fmt: skip
+
+        params = (self.static_alpha, self.static_beta, self.dynamic_weight, self.alpha_scale, self.beta_scale)
+        return self.parameter_cache.get(params, derive, dtype)

@@ -68,6 +68,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import grn_ops, mhc_kernel, mhc_ops
+from .parameter_cache import DerivedFromParameters
 from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
@@ -184,7 +185,7 @@ def collapse_streams(streams: Tensor, norm: nn.Module | None = None, order: str 
     return norm(streams.sum(-2)) if order == "sum_then_norm" else norm(streams).sum(-2)
 
 
-class ManifoldHyperConnection(nn.Module):
+class ManifoldHyperConnection(DerivedFromParameters):
     """The mHC (or mHC-lite) unit of one sublayer.
 
     Args:
@@ -226,7 +227,6 @@ class ManifoldHyperConnection(nn.Module):
         # which of a_pre, a_post, a_res scales each coefficient (not state: derived from n and the residual)
         gate_index = torch.tensor([0] * n + [1] * n + [2] * res_size)
         self.register_buffer("gate_index", gate_index, persistent=False)
-        self._weight_cache: tuple | None = None
 
     def coefficients(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), float32 (float64 for float64 input);
@@ -279,12 +279,11 @@ class ManifoldHyperConnection(nn.Module):
         n, params, lite = self.rate, (self.gain, self.phi, self.bias, self.gates), self.residual == "permutations"
         if not mhc_kernel.usable_coefficients(v, *params, n, self.iters, lite):
             return None
-        # (gain phi)^T, kept while gain and phi are unchanged (their storage and version counters): a decoding
-        # step would otherwise multiply the nC x K matrix again in every unit
-        key = tuple((p.data_ptr(), p._version) for p in (self.gain, self.phi))
-        if self._weight_cache is None or self._weight_cache[0] != key:
-            self._weight_cache = (key, (self.phi.detach() * self.gain.detach().unsqueeze(-1)).t().contiguous())
-        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps, lite, self._weight_cache[1])
+        # (gain phi)^T, kept while gain and phi are unchanged (modules/parameter_cache.py): a decoding step would
+        # otherwise multiply the nC x K matrix again in every unit
+        weight = self.parameter_cache.get(
+            (self.gain, self.phi), lambda: (self.phi.detach() * self.gain.detach().unsqueeze(-1)).t().contiguous())
+        out, ok = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps, lite, weight)
         if not ok:  # the log domain: out holds the logits
             out = gates_pytorch(out, n, self.iters)
         return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
