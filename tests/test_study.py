@@ -24,6 +24,7 @@ sys.path[:0] = [str(REPO / "scripts" / "study")]
 import study
 import study_common
 import study_report
+import study_report_common
 import study_stats
 
 # ------------------------------------------------------------------------------------------- in-process
@@ -139,6 +140,19 @@ def test_still_falling_and_best_is_last():
     t = study_stats.trend(flat, 3, 0.01)
     assert t["falling"] is False and t["best_is_last"] is False and abs(t["slope"] - 0.001) < 1e-9
     assert study_stats.trend(falling[:2], 3, 0.01)["falling"] is None  # too few validations to say
+
+
+def test_validation_check_lists_every_run_whose_fresh_validation_differs():
+    run = [study_common.Run(arch, "warmup", 1e-3, 400, 1) for arch in ("a", "b", "c")]
+    same = {"best_valid_loss": 4.259, "checked_valid_loss": 4.2594}
+    stale = {"best_valid_loss": 5.092, "checked_valid_loss": 4.259}  # dynamic HC's stale cache, as found
+    assert study_report_common.validation_check([(run[0], {"best_valid_loss": 5.0})]) == []  # no check recorded
+    ok = study_report_common.validation_check([(run[0], same), (run[1], {"best_valid_loss": 5.0})])
+    assert "for 1 of 2 runs" in ok[0] and "every one within 0.0015 bits" in ok[0]
+    bad = "\n".join(study_report_common.validation_check(
+        [(run[0], same), (run[1], stale), (run[2], {"best_valid_loss": 5.0, "checked_valid_loss": None})]))
+    assert "**2 differ**" in bad and "| b.warmup" in bad and "| 5.092 | 4.259 |" in bad and "| c.warmup" in bad
+    assert "| a.warmup" not in bad
 
 
 def test_every_candidate_is_shown_and_a_choice_on_the_edge_says_which_way_to_widen():
@@ -268,6 +282,10 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     assert "## Paired comparisons against the first model" in md and "## Runs: was the validation loss still falling" in md
     assert len(results["comparisons"]) == 2 and all(len(c["bleu_ci"]) == 2 for c in results["comparisons"])
     assert all("trend" in r and "best_valid_loss" in r for r in results["runs"])
+    # every run's best valid loss recomputed by fairseq-validate in a new process: the same
+    assert all(abs(r["checked_valid_loss"] - r["best_valid_loss"]) <= study_report_common.CHECK_TOLERANCE
+               for r in results["runs"])  # fmt: skip
+    assert "for 4 of 4 runs (eval/valid_check.json): every one within" in md
 
     # a study's records without checkpoints, data or logs (as committed under docs/study) are reused as they are
     copy = tmp_path / "copy"

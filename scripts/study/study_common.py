@@ -217,6 +217,23 @@ def _options(cmd: list[str]) -> dict[str, tuple[str, ...]]:
     return options
 
 
+# what fairseq-validate takes from a run's fairseq-train command to compute the validation loss as training did
+# (the same task, criterion and batches); the model comes from the checkpoint
+_VALIDATION_OPTIONS = ("--task", "--source-lang", "--target-lang", "--criterion", "--label-smoothing", "--guidance-weight",
+                       "--max-tokens", "--max-tokens-valid", "--batch-size", "--batch-size-valid",
+                       "--required-batch-size-multiple", "--max-source-positions", "--max-target-positions",
+                       "--skip-invalid-size-inputs-valid-test", "--cpu")  # fmt: skip
+
+
+def validate_command(train_cmd: list[str], data: Path, checkpoint: Path) -> list[str]:
+    """fairseq-validate of ``checkpoint`` on the valid subset, as ``train_cmd`` validated in training."""
+    options = _options(train_cmd)
+    picked = [token for name in _VALIDATION_OPTIONS if name in options for token in (name, *options[name])]
+    return [str(c) for c in fairseq_module("validate") + [
+        data, "--user-dir", PLUGIN_ARG, "--path", checkpoint, "--valid-subset", "valid", "--num-workers", "0",
+        "--log-format", "json", *picked]]  # fmt: skip
+
+
 def command_differences(before: list[str], now: list[str]) -> list[str]:
     """How two fairseq-train commands differ in what they train (not where they run), readably. Both are made
     portable first: a stored record is, and a path-valued option (after --) names the same place either way."""

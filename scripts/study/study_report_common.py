@@ -300,6 +300,29 @@ def _pair_section(context: dict, intro, table) -> list[str]:
     return lines
 
 
+CHECK_TOLERANCE = 0.0015  # bits: training and fairseq-validate both log the loss to 3 decimals
+
+
+def validation_check(runs: list) -> list[str]:
+    """The runs whose best valid loss was recomputed by fairseq-validate in a new process (study_run's
+    _check_validation), and every one that differs from what training logged."""
+    checked = [(run, r) for run, r in runs if "checked_valid_loss" in r]
+    if not checked:
+        return []
+    differ = [(run, r) for run, r in checked if r["checked_valid_loss"] is None or r["best_valid_loss"] is None
+              or abs(r["checked_valid_loss"] - r["best_valid_loss"]) > CHECK_TOLERANCE]  # fmt: skip
+    text = (f"Validation check: fairseq-validate recomputed the best valid loss on checkpoint_best.pt in a new process "
+            f"for {len(checked)} of {len(runs)} runs (eval/valid_check.json)")
+    if not differ:
+        return [f"{text}: every one within {CHECK_TOLERANCE} bits of what training logged.", ""]
+    lines = [(f"{text}. **{len(differ)} differ** from what training logged (the model's evaluation in training did "
+              "not see the checkpoint's parameters, or the check did not run): their valid losses and the checkpoint "
+              "chosen by them are in doubt."), "", "| run | logged in training | fairseq-validate |", "|---|---:|---:|"]
+    for run, r in differ:
+        lines.append(f"| {run.name} | {_fmt(r['best_valid_loss'], None, 3)} | {_fmt(r['checked_valid_loss'], None, 3)} |")
+    return lines + [""]
+
+
 def runs_and_choices(context: dict, choices: dict) -> list[str]:
     """results.md's sections on every run's trend and on every lr/warm-up candidate (translation and LM alike)."""
     lines = ["## Runs: was the validation loss still falling at the end?", "",
@@ -315,7 +338,7 @@ def runs_and_choices(context: dict, choices: dict) -> list[str]:
         lines.append(f"| {run.name} | {r['updates']} | {r.get('stopped') or 'updates'} | {best} | "
                      f"{_fmt(r['valid_loss'], None, 3)} | {_fmt(t['slope'], None, 3)} | {falling} | "
                      f"{'yes' if t['best_is_last'] else 'no'} |")  # fmt: skip
-    lines.append("")
+    lines += [""] + validation_check(context["runs"])
     tuned = {g: c for g, c in choices.items() if len(c["candidates"]) > 1}
     if tuned:
         lines += ["## Learning rate and warm-up, chosen on validation loss (first seed)", "",
