@@ -330,16 +330,23 @@ class Study(Console):
         hyper-connections' stale coefficient cache logged 5.09 bits where the checkpoint has 4.26). The report
         lists any difference; a check that cannot run is recorded, not fatal (the run's results stand)."""
         run_dir = self.run_dir(run)
-        train_cmd = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))["command"]
-        cmd = validate_command(train_cmd, self.data, run_dir / "checkpoints" / "checkpoint_best.pt")
-        threads = str(self.args.threads)
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONWARNINGS": "ignore"}
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-        losses = [json.loads(line.split("| valid | ", 1)[1])["valid_loss"]
-                  for line in (proc.stdout + proc.stderr).splitlines() if "| valid | " in line]  # fmt: skip
-        record = {"command": portable_command(cmd, REPO), "valid_loss": float(losses[-1]) if losses else None}
-        if proc.returncode != 0 or not losses:
-            record["error"] = f"fairseq-validate {exit_text(proc.returncode)}: {(proc.stdout + proc.stderr)[-500:]}"
+        command_file, checkpoint = run_dir / "command.json", run_dir / "checkpoints" / "checkpoint_best.pt"
+        record = {"command": None, "valid_loss": None}
+        if command_file.is_file() and checkpoint.is_file():
+            train_cmd = json.loads(command_file.read_text(encoding="utf-8"))["command"]
+            cmd = validate_command(train_cmd, self.data, checkpoint)
+            threads = str(self.args.threads)
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONWARNINGS": "ignore"}
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+            output = proc.stdout + proc.stderr
+            losses = [json.loads(line.split("| valid | ", 1)[1])["valid_loss"]
+                      for line in output.splitlines() if "| valid | " in line]  # fmt: skip
+            record.update(command=portable_command(cmd, REPO), valid_loss=float(losses[-1]) if losses else None)
+            if proc.returncode != 0 or not losses:
+                record["error"] = f"fairseq-validate {exit_text(proc.returncode)}: {output[-500:]}"
+        else:
+            record["error"] = f"no {command_file.name} or {checkpoint.name} in the run's directory"
+        if "error" in record:
             print(f"[study] warning: the validation check of {run.name} did not run ({record['error'][:200]})", flush=True)
         write_json(run_dir / "eval" / "valid_check.json", record)
 
