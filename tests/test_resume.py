@@ -38,3 +38,22 @@ def test_resume_follows_the_uninterrupted_run(arch, axes, corpus_bin, tmp_path):
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"parameters differ after resuming: {different[:5]}"
+
+
+def test_resume_after_the_first_epoch_is_exact_with_update_epoch_batch_itr(corpus_bin, tmp_path):
+    """fairseq builds the batches under the seed of the epoch its iterator is built in and an uninterrupted run keeps
+    epoch 1's, so a run resumed in a later epoch trains on other batches; --update-epoch-batch-itr True rebuilds the
+    iterator every epoch, and the resumed run is exact (docs/study_tool.md)."""
+    extra = ["--dropout", "0.2", "--update-epoch-batch-itr", "True"]
+
+    def train(save_dir, max_update):
+        proc = run(train_command(corpus_bin, tmp_path / save_dir, "transformer_preln_e6d6", max_update=max_update,
+                                 extra=extra))  # fmt: skip
+        return {int(r["num_updates"]): (r["loss"], r["epoch"]) for r in train_log(proc.stdout)}
+
+    whole = train("whole", 12)
+    epoch_two = [u for u, (_, epoch) in whole.items() if epoch == 2]
+    assert len(epoch_two) >= 2  # split at epoch 2's first update: the resumed run continues inside epoch 2
+    split_at = epoch_two[0]
+    first, second = train("split", split_at), train("split", 12)
+    assert {u: loss for u, (loss, _) in {**first, **second}.items()} == {u: loss for u, (loss, _) in whole.items()}
