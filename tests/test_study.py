@@ -91,7 +91,7 @@ def test_reading_follows_the_numbers():
     assert "post did not train: its valid loss stayed near 7.90 (first validation 8.00)" in text
     assert "below pre's significantly" in text
     assert "res reached valid loss 6.00 and 15.0 BLEU, far behind pre" in text and "not significantly (p = 0.200)" in text
-    assert "one seed there is no spread" in text
+    assert "with one seed: it shows the early phase" in text and "there is no spread" in text
     flipped = study_report.reading([_row("pre", 6.0, 9.0, 15.0), _row("res", 5.95, 9.0, 16.0, reached=1)], "x")
     assert "within 0.1 in loss of res" in flipped and "res reached valid loss 5.95" in flipped
     assert "reached pre's final valid loss after 100 updates" in flipped
@@ -140,6 +140,24 @@ def test_still_falling_and_best_is_last():
     t = study_stats.trend(flat, 3, 0.01)
     assert t["falling"] is False and t["best_is_last"] is False and abs(t["slope"] - 0.001) < 1e-9
     assert study_stats.trend(falling[:2], 3, 0.01)["falling"] is None  # too few validations to say
+    # a run early stopping ended is flat by its rule: a dip at its last validations is noise, not a falling loss
+    dip = [(100, 0, 5.0), (200, 0, 5.06), (300, 0, 5.03), (400, 0, 5.0)]
+    assert study_stats.trend(dip, 3, 0.01)["falling"] is True
+    assert study_stats.trend(dip, 3, 0.01, "patience")["falling"] is False
+
+
+def test_reading_says_which_runs_early_stopping_ended():
+    rows = [_row("pre", 5.2, 9.0, 20.0), _row("res", 5.3, 9.0, 19.0)]
+    stopped = {"stopped": "patience", "trend": {"slope": -0.02, "falling": False, "best_is_last": False}}
+    capped = {"stopped": "updates", "trend": {"slope": -0.02, "falling": True, "best_is_last": False}}
+    both = study_report.reading(rows, "at most 4000 updates each", runs=[stopped, stopped], trend_text="t")
+    assert "Early stopping ended every run" in both and "early phase" not in both and "still falling" not in both
+    one = study_report.reading(rows, "at most 4000 updates each", runs=[stopped, capped], trend_text="t")
+    assert "Early stopping ended 1 of 2 runs (the rest ran to the budget's end)" in one
+    assert "still falling at the end in 1 of 2 runs" in one and "those runs stopped short of convergence" in one
+    none = study_report.reading(rows, "800 updates each", runs=[capped, capped], trend_text="t")
+    assert "early phase of training" in none and "Early stopping" not in none
+    assert "every run stopped short of convergence" in none
 
 
 def test_validation_check_lists_every_run_whose_fresh_validation_differs():
@@ -370,7 +388,7 @@ def test_report_lists_every_candidate_each_comparison_and_each_run():
            "bleu_std": None, "chrf_std": None, "valid_loss_std": None, "updates": 800, "train_seconds": 60.0,
            "train_seconds_std": None, "still_falling": 1, "best_is_last": 1, "reach_seconds": 60.0}  # fmt: skip
     chosen = study_common.Run("pre", "warmup", 2e-3, 400, 1)
-    result = {"updates": 800, "stopped": "patience", "best_valid_loss": 5.19, "best_valid_update": 700, "valid_loss": 5.2,
+    result = {"updates": 800, "stopped": "updates", "best_valid_loss": 5.19, "best_valid_update": 700, "valid_loss": 5.2,
               "trend": {"slope": -0.02, "falling": True, "best_is_last": False}}  # fmt: skip
     comparison = {"key": ["warmup", 2], "system": "res", "bleu_p": 0.3, "chrf_p": 0.2, "bleu_diff": 0.1,
                   "bleu_ci": [-0.4, 0.6], "chrf_diff": -0.2, "chrf_ci": [-0.9, 0.5]}  # fmt: skip
@@ -383,7 +401,7 @@ def test_report_lists_every_candidate_each_comparison_and_each_run():
     assert "| 0.0005 | 400 | 6.000 | 5.990 |  |" in md and "| 0.002 | 400 | 5.200 | 5.190 | yes |" in md
     assert "**Edge of the grid**: the choice is the largest learning rate of the grid (0.002): widen LRS upwards." in md
     assert "| res (warmup) | 2 | +0.10 | [-0.40, +0.60] | 0.300 | -0.20 | [-0.90, +0.50] | 0.200 | yes |" in md
-    assert f"| {chosen.name} | 800 | patience | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md
+    assert f"| {chosen.name} | 800 | updates | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md
 
 
 class _Finished:

@@ -33,6 +33,7 @@ from study_report_common import (
     results_table,
     run_context,
     runs_and_choices,
+    stopping_text,
 )
 from study_stats import P_SIGNIFICANT, _fmt
 
@@ -156,6 +157,7 @@ def reading(rows: list[dict], context: dict, missing: int = 0, total: int = 0, r
     seeds = max(len(r["seeds"]) for r in rows)
     caveat = (f" {seeds} seed(s); ± is the spread over seeds." if seeds > 1 else
               " One seed: there is no spread to judge noise by.")  # fmt: skip
+    caveat += stopping_text(runs)
     trends = [r["trend"] for r in runs if r.get("trend")]
     falling = sum(bool(t["falling"]) for t in trends)
     if falling:

@@ -34,6 +34,7 @@ from study_report_common import (
     results_table,
     run_context,
     runs_and_choices,
+    stopping_text,
 )
 from study_stats import P_SIGNIFICANT
 
@@ -163,9 +164,12 @@ def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0
             sentences.append(desc)
         parts.append("; ".join(sentences) + ".")
     seeds = max(len(r["seeds"]) for r in rows)
-    caveat = (f" This is {budget_text} with {seeds} seed(s): it shows the early phase of training at this "
-              "budget, not converged quality, and with one seed there is no spread to judge noise by." if seeds == 1
+    stops = sum(r.get("stopped") == "patience" for r in runs)
+    caveat = (f" This is {budget_text} with one seed: "
+              + ("it shows the early phase of training at this budget, not converged quality, and " if not stops else "")
+              + "there is no spread to judge noise by." if seeds == 1
               else f" This is {budget_text} with {seeds} seeds; ± is the spread over seeds.")  # fmt: skip
+    caveat += stopping_text(runs)
     trends = [r["trend"] for r in runs if r.get("trend")]
     falling = sum(bool(t["falling"]) for t in trends)
     last = sum(t["best_is_last"] for t in trends)

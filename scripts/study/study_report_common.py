@@ -32,6 +32,15 @@ def _trend_text(context: dict) -> str:
             f"-{context['falling_slope']:g} per 100 updates")
 
 
+def stopping_text(runs: list[dict]) -> str:
+    """How many runs early stopping ended: those stopped improving by its rule, the others ran to the budget."""
+    stops = sum(r.get("stopped") == "patience" for r in runs)
+    if not stops:
+        return ""
+    which = "every run" if stops == len(runs) else f"{stops} of {len(runs)} runs (the rest ran to the budget's end)"
+    return f" Early stopping ended {which}: no lower valid loss in PATIENCE validations in a row."
+
+
 def _envelope(entries: list[dict], metric: str) -> tuple[float, float] | None:
     found = [e for e in entries if e and f"{metric}_ci" in e]
     if not found:
@@ -51,7 +60,7 @@ def chosen_results(study, runs: list, args) -> tuple[dict, dict, dict]:
     """Every run's result with its trend, the lr/warm-up choices, and the results at the chosen settings."""
     results = {run: study.result(run) for run in runs}
     for r in results.values():
-        r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope)
+        r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope, r.get("stopped"))
     choices = study_stats.choose_settings(results, args.seed_list[0])
     chosen = {run: r for run, r in results.items() if _chosen(run, choices)}
     return results, choices, chosen

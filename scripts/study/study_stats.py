@@ -18,7 +18,8 @@ the time to the baseline's final valid loss, and whether a run's validation loss
 - Time to the baseline's loss (DeepCrossAttention's measure): the first validation at which a run's loss is
   at or below the final validation loss of the baseline run with the same variant and seed.
 - Still falling: the least-squares slope of the validation loss over the run's last k validations (in loss
-  per 100 updates); below -threshold, the loss was still falling when training stopped.
+  per 100 updates); below -threshold, the loss was still falling when training stopped. Never for a run that
+  early stopping (PATIENCE) ended: it had stopped improving by that criterion.
 """
 
 import math
@@ -124,8 +125,12 @@ def paired_tests(groups: dict[tuple, list[tuple[str, list[str]]]], references: l
     return out
 
 
-def trend(valid: list[tuple[int, float, float]], last: int, threshold: float) -> dict:
-    """{"slope": loss per 100 updates over the last ``last`` validations, "falling", "best_is_last"}."""
+def trend(valid: list[tuple[int, float, float]], last: int, threshold: float, stopped: str | None = None) -> dict:
+    """{"slope": loss per 100 updates over the last ``last`` validations, "falling", "best_is_last"}.
+
+    A run that early stopping ended (``stopped == "patience"``) is not still falling whatever its slope: it went
+    PATIENCE validations without a lower valid loss, and the slope over a few validations of a flat curve is
+    its noise (a dip at the last one reads as falling)."""
     best_is_last = bool(valid) and min(p[2] for p in valid) == valid[-1][2]
     points = valid[-last:]
     if len(points) < max(2, last):
@@ -133,7 +138,7 @@ def trend(valid: list[tuple[int, float, float]], last: int, threshold: float) ->
     xs, ys = [p[0] / 100 for p in points], [p[2] for p in points]
     mx, my = statistics.mean(xs), statistics.mean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return {"slope": round(slope, 4), "falling": slope < -threshold, "best_is_last": best_is_last}
+    return {"slope": round(slope, 4), "falling": slope < -threshold and stopped != "patience", "best_is_last": best_is_last}
 
 
 def within(entries: list[dict], margin: float, metric: str = "bleu") -> bool:
