@@ -13,7 +13,7 @@ from .helpers import REPO, run, train_command
 
 sys.path.insert(0, str(REPO / "scripts" / "analysis"))
 
-TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare"]
+TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients"]
 
 
 def tool(name: str):
@@ -56,6 +56,8 @@ def test_scripts_run_as_files():
         ("depth_width", ["--family", "nope"], "--family nope is not a preset family"),
         ("compare", [], "give at least one --log or --eval"),
         ("grn_weights", ["/no/such.pt"], "does not exist"),
+        ("mhc_coefficients", ["/no/such.pt", "--data", "."], "does not exist"),
+        ("mhc_coefficients", ["/no/such.pt", "--data", ".", "--sentences", "0"], "--sentences must be an integer in [1, 100000]"),
     ],
 )
 def test_bad_options_are_refused_by_name(name, argv, message, capsys):
@@ -280,3 +282,37 @@ def test_reports_are_written_under_a_temporary_name_and_moved_into_place(tmp_pat
     common.write_json(tmp_path / "table.json", {"x": 1})
     assert json.loads((tmp_path / "table.json").read_text()) == {"x": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv", "table.json"]
+
+
+@pytest.mark.parametrize("arch, n_moved, n_others", [("mhc_iwslt_e6d6", 3, 3), ("mhc_lite_iwslt_e6d6", 18, 23)])
+def test_mhc_coefficients_at_initialisation_are_the_static_ones(arch, n_moved, n_others):
+    """phi = 0 at initialisation: every token's H_res is the static one, whose off-diagonal row mass is
+    n_moved e^-8 / (1 + n_others e^-8) (mHC: the three other streams; mHC-lite: the 18 of the 23 other
+    permutations that move a given stream), H_post = 2 sigmoid(0) = 1 and H_pre = sigmoid(+-1)."""
+    import math
+
+    from .helpers import build_model, random_batch
+
+    model = build_model(arch)
+    src, lengths, prev = random_batch(model)
+    rows = tool("mhc_coefficients").measure(model, [{"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}])
+    assert len(rows) == 6 * 2 + 6 * 3  # one unit per sublayer, cross-attention included
+    e = math.exp(-8.0)
+    expected = n_moved * e / (1 + n_others * e)
+    for r in rows:
+        assert r["offdiag_mean"] == pytest.approx(expected, rel=1e-4) and r["offdiag_max"] == pytest.approx(expected, rel=1e-4)
+        assert r["post_min"] == pytest.approx(1.0) and r["post_max"] == pytest.approx(1.0)
+        assert r["pre_min"] == pytest.approx(1 / (1 + math.e)) and r["pre_max"] == pytest.approx(1 / (1 + math.exp(-1)))
+    with pytest.raises(ValueError, match="no mHC or mHC-lite unit"):
+        tool("mhc_coefficients").measure(build_model("transformer_preln_iwslt_e6d6"), [])
+
+
+def test_mhc_coefficients_reads_a_trained_checkpoint(corpus_bin, tmp_path):
+    save = tmp_path / "mhc"
+    run(train_command(corpus_bin, save, "mhc_iwslt_e6d6", max_update=3))
+    summary = tool("mhc_coefficients").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
+                                             "--sentences", "5", "--out", str(tmp_path / "mc")])  # fmt: skip
+    outputs(tmp_path / "mc")
+    assert summary["units"] == 30 and summary["sentences"] == 5 and 0 < summary["offdiag_mean_over_units"] < 0.75
+    rows = read_csv(tmp_path / "mc.csv")
+    assert rows[0]["unit"].startswith("encoder.layers.0.") and rows[-1]["unit"].startswith("decoder.layers.5.")
