@@ -93,8 +93,8 @@ def measure(model: torch.nn.Module, batches) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    tokens_mean = sum(r["offdiag_mean"] for r in rows) / len(rows)
-    return {"units": len(rows), "offdiag_mean_over_units": tokens_mean,
+    """Over all units: the mean of the units' mean off-diagonal mass, the largest token's, each unit's extremes."""
+    return {"units": len(rows), "offdiag_mean_over_units": sum(r["offdiag_mean"] for r in rows) / len(rows),
             "offdiag_max": max(r["offdiag_max"] for r in rows), "offdiag_unit_means": [min(r["offdiag_mean"] for r in rows),
             max(r["offdiag_mean"] for r in rows)], "pre": [min(r["pre_min"] for r in rows), max(r["pre_max"] for r in rows)],
             "post": [min(r["post_min"] for r in rows), max(r["post_max"] for r in rows)]}  # fmt: skip
