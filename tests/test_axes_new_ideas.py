@@ -235,13 +235,17 @@ def test_value_residual_refusals(extra, message):
         build_model("residual_axes", [*SHAPE, "--value-residual-cross"])
 
 
-@pytest.mark.parametrize(("family", "atol"), [("mhc", 1e-4), ("mhc_lite", 1e-4), ("frac", 0), ("mudd", 0)])
-def test_stream_models_are_the_pre_ln_model_at_init(family, atol):
+@pytest.mark.parametrize(("family", "atol", "extra"), [
+    ("mhc", 1e-4, []), ("mhc_lite", 1e-4, []), ("mhc", 1e-4, ["--mhc-bias-init", "mixed"]),
+    ("mhc_lite", 1e-4, ["--mhc-bias-init", "mixed"]), ("frac", 0, []), ("mudd", 0, []),
+])  # fmt: skip
+def test_stream_models_are_the_pre_ln_model_at_init(family, atol, extra):
     """On the Pre-LN model's weights (the layers keep its parameter names; the new parameters at their init),
     frac-connections (eq. 15) and MUDD (current_only) compute the Pre-LN model exactly, mHC with its preln bias
-    init up to LayerNorm's eps on the 1.54x branch input (every stream equals the Pre-LN state)."""
+    init up to LayerNorm's eps on the 1.54x branch input (every stream equals the Pre-LN state); with the mixed
+    init too, whose doubly stochastic H_res = SK(exp I) maps equal streams to themselves."""
     pre = build_model("transformer_preln_e6d6", SHAPE, seed=3)
-    model = build_model(f"{family}_e6d6", SHAPE, seed=4)
+    model = build_model(f"{family}_e6d6", [*SHAPE, *extra], seed=4)
     result = model.load_state_dict(pre.state_dict(), strict=False)
     assert not result.unexpected_keys
     new = (".hc.", "hc_version", ".mudd.", "key_layer_norm", "value_layer_norm")

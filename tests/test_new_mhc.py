@@ -98,11 +98,14 @@ def test_h_res_doubly_stochastic(residual):
     torch.testing.assert_close(s.sum(-1), torch.ones(100, N, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("bias_init", ["preln", "mixed"])
 @pytest.mark.parametrize("residual", ["sinkhorn", "permutations"])
-def test_init_is_pre_ln(residual):
-    """Default init: every stream equals the Pre-LN state after every sublayer (up to LayerNorm's eps)."""
+def test_init_is_pre_ln(residual, bias_init):
+    """Default init (and "mixed"): every stream equals the Pre-LN state after every sublayer (up to LayerNorm's
+    eps)."""
     sublayers = 10
-    units = [ManifoldHyperConnection(DIM, N, site=k, residual=residual).double() for k in range(sublayers)]
+    units = [ManifoldHyperConnection(DIM, N, site=k, residual=residual, bias_init=bias_init).double()
+             for k in range(sublayers)]  # fmt: skip
     weights = branch_weights(sublayers)
     f = lambda u, w: F.gelu(F.layer_norm(u, (DIM,), eps=1e-12) @ w)
     x = random_input(4, 2, DIM)
@@ -117,7 +120,27 @@ def test_init_is_pre_ln(residual):
     assert torch.allclose(pre[0], torch.tensor([0.5 - 0.5 * math.tanh(0.5)] * N, dtype=torch.float64)
                           .index_fill(0, torch.tensor([1]), 0.5 + 0.5 * math.tanh(0.5)))
     assert torch.equal(post, torch.ones_like(post))  # 2 sigmoid(0) = 1 exactly
-    assert (res.diagonal(dim1=-2, dim2=-1) > 0.99).all()  # ~ I (logits 0 / -8)
+    if bias_init == "preln":
+        assert (res.diagonal(dim1=-2, dim2=-1) > 0.99).all()  # ~ I (logits 0 / -8)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("residual", ["sinkhorn", "permutations"])
+def test_mixed_init_starts_h_res_at_sinkhorn_of_exp_identity(residual, n):
+    """bias_init="mixed": H_res = SK(exp I), written out in float64 as exp-then-divide Sinkhorn of exp(I),
+    e / (e + n - 1) on the diagonal and 1 / (e + n - 1) off it, for Sinkhorn and for mHC-lite's mix of the n!
+    permutation matrices alike."""
+    unit = ManifoldHyperConnection(DIM, n, residual=residual, bias_init="mixed").double()
+    _, _, res = unit.coefficients(random_input(3, 2, n, DIM))
+    m = torch.exp(torch.eye(n, dtype=torch.float64))
+    for _ in range(20):
+        m = m / m.sum(0, keepdim=True)
+        m = m / m.sum(1, keepdim=True)
+    expected = torch.full((n, n), 1 / (math.e + n - 1), dtype=torch.float64).fill_diagonal_(math.e / (math.e + n - 1))
+    torch.testing.assert_close(m, expected, rtol=0, atol=1e-15)
+    # mHC-lite's identity logit log(x) is stored in the parameter's float32 before .double(): 1e-8 from that
+    tol = 1e-7 if residual == "permutations" else 1e-12
+    torch.testing.assert_close(res, expected.expand_as(res), rtol=0, atol=tol)
 
 
 def test_permutation_matrices():

@@ -31,8 +31,9 @@ class MHC(Aggregation):
                f"n <= 5); 1 <= N <= {MAX_RATE}"),
         Option("mhc_bias_init", check_choice, (BIAS_INITS,), "preln", "INIT",
                "mHC's static biases b at init (the paper states none): preln (default: HC's init through mHC's "
-               "constraints, every stream equals the Pre-LN state at init) or mhc_lite (the FFTYYY/mhc-lite "
-               "code's)"),
+               "constraints, every stream equals the Pre-LN state at init, H_res ~ I), mhc_lite (the "
+               "FFTYYY/mhc-lite code's) or mixed (preln with H_res starting at SK(exp I), 0.475 on the diagonal "
+               "for n = 4, lucidrains' mHCv2 start: the streams mix from the first step; still Pre-LN at init)"),
     )  # fmt: skip
 
     @classmethod

@@ -35,7 +35,13 @@ b_res = 0 on the diagonal and -8 off it (H_res ~ I; any row-stochastic H_res map
 themselves). So at initialisation every stream equals the Pre-LN state (up to LayerNorm's eps), and the
 asymmetric b_pre breaks the symmetry between streams. ``bias_init="mhc_lite"``: the FFTYYY/mhc-lite code's
 values (its ``mhc.py`` and ``mhc_lite.py``, read at ea19775): the same b_pre and b_res, b_post = +1 on
-stream k mod n, -1 elsewhere (H_post = 1.46 / 0.54): not Pre-LN at initialisation.
+stream k mod n, -1 elsewhere (H_post = 1.46 / 0.54): not Pre-LN at initialisation. ``bias_init="mixed"``:
+preln's b_pre and b_post with H_res starting at SK(exp I), e / (e + n - 1) on the diagonal and 1 / (e + n - 1)
+off it (0.475 / 0.175 for n = 4; lucidrains' mHCv2 start; mHC-lite: the permutation logits that give the same
+matrix), so that the streams mix from the first step. Still the Pre-LN model at initialisation (H_res
+doubly stochastic maps equal streams to themselves). Why it exists: from the 0 / -8 logits, the translation
+study's mHC and mHC-lite gave each stream on average 0.4% of the others after 800 updates (the gradient
+through a -8 logit is ~e^-8), so neither used the mixing (docs/study/new_ideas_e12d12).
 
 Where the reference code departs from the paper (noted, not offered): lucidrains' ``mHCv2`` computes the
 coefficients per stream from each stream's C-dim RMSNorm (fewer parameters), starts H_res at SK(exp I)
@@ -72,7 +78,7 @@ from .parameter_cache import DerivedFromParameters
 from .skinny import post_add, rms_project_t
 
 RESIDUALS = ("sinkhorn", "permutations")
-BIAS_INITS = ("preln", "mhc_lite")
+BIAS_INITS = ("preln", "mhc_lite", "mixed")
 COLLAPSE_ORDERS = ("sum_then_norm", "norm_then_sum")
 GATE_INIT = 0.01
 SINKHORN_ITERS = 20
@@ -171,6 +177,19 @@ def permutation_matrices(n: int) -> Tensor:
     return torch.eye(n)[perms]
 
 
+def mixed_permutation_logits(n: int) -> Tensor:
+    """mHC-lite's static logits whose H_res = sum_k softmax(b)_k P_k is SK(exp I), e / (e + n - 1) on the
+    diagonal: b = log x for the identity and 0 for the other n! - 1 permutations, of which (n - 1)! - 1 keep a
+    given stream in place, so the diagonal is (x + (n - 1)! - 1) / (x + n! - 1), solved for x (n = 4:
+    x = 6e - 5); the off-diagonal entries follow, equal by symmetry."""
+    logits = torch.zeros(math.factorial(n))
+    if n > 1:
+        diagonal = math.e / (math.e + n - 1)
+        stay, others = math.factorial(n - 1) - 1, math.factorial(n) - 1
+        logits[0] = math.log((diagonal * others - stay) / (1 - diagonal))
+    return logits
+
+
 def expand_streams(x: Tensor, rate: int) -> Tensor:
     """(seq_len, batch, C) -> (seq_len, batch, n, C): the stack input replicated n times."""
     return x.unsqueeze(-2).expand(*x.shape[:-1], rate, x.shape[-1]).contiguous()
@@ -220,7 +239,11 @@ class ManifoldHyperConnection(DerivedFromParameters):
         if residual == "permutations":
             b_res = torch.full((res_size,), OFF_DIAGONAL_LOGIT)
             b_res[0] = 0.0  # the identity permutation
+            if bias_init == "mixed":
+                b_res = mixed_permutation_logits(n)
             self.register_buffer("perms", permutation_matrices(n), persistent=False)
+        elif bias_init == "mixed":
+            b_res = torch.eye(n).flatten()  # SK(exp I) = exp I / (e + n - 1): already doubly stochastic
         else:
             b_res = torch.full((n, n), OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0).flatten()
         self.bias = nn.Parameter(torch.cat([b_pre, b_post, b_res]))
