@@ -237,10 +237,11 @@ class ManifoldHyperConnection(DerivedFromParameters):
         b_pre[k] = 1.0
         b_post = b_pre.clone() if bias_init == "mhc_lite" else torch.zeros(n)
         if residual == "permutations":
-            b_res = torch.full((res_size,), OFF_DIAGONAL_LOGIT)
-            b_res[0] = 0.0  # the identity permutation
             if bias_init == "mixed":
                 b_res = mixed_permutation_logits(n)
+            else:
+                b_res = torch.full((res_size,), OFF_DIAGONAL_LOGIT)
+                b_res[0] = 0.0  # the identity permutation
             self.register_buffer("perms", permutation_matrices(n), persistent=False)
         elif bias_init == "mixed":
             b_res = torch.eye(n).flatten()  # SK(exp I) = exp I / (e + n - 1): already doubly stochastic
