@@ -46,6 +46,7 @@ class Collector:
 
     def _hook(self, name: str):
         def hook(module, args):
+            # the unit's forward computes these too but keeps them local: computed once more from its input
             pre, post, res = module.coefficients(args[0].detach())
             n = res.shape[-1]
             off = (res.double() * (1 - torch.eye(n, dtype=torch.float64))).sum(-1).flatten()  # per token and row
@@ -70,10 +71,6 @@ class Collector:
     def close(self):
         for h in self.handles:
             h.remove()
-
-    def close_and_count(self) -> int:
-        self.close()
-        return len(self.units)
 
 
 def measure(model: torch.nn.Module, batches) -> list[dict]:
@@ -144,9 +141,10 @@ def main(argv=None) -> dict:
     if not (args.data / "dict.txt").is_file() and not list(args.data.glob("dict.*.txt")):
         parser.error(f"--data {args.data}: not a fairseq data-bin directory (no dict*.txt)")
     model, batches = load(args.checkpoint, args.data, args.subset, args.sentences)
-    if not Collector(model).close_and_count():
-        parser.error(f"{args.checkpoint.name}: the model has no mHC or mHC-lite unit (--depth-aggregation mhc or mhc-lite)")
-    rows = measure(model, batches)
+    try:
+        rows = measure(model, batches)
+    except ValueError as error:
+        parser.error(f"{args.checkpoint.name}: {error}")
     result = {"checkpoint": args.checkpoint.name, "subset": args.subset, "sentences": len(batches), **summary(rows)}
     write_csv(with_suffix(args.out, ".csv"), rows)
     write_json(with_suffix(args.out, ".json"), {**result, "per_unit": rows})
