@@ -30,9 +30,15 @@ def rank_arguments(argv: list[str], env) -> list[str]:
 
 def main() -> None:
     sys.argv = [sys.argv[0], *rank_arguments(sys.argv[1:], os.environ)]
+    import torch.distributed as dist
     from fairseq_cli.train import cli_main
 
     cli_main()
+    # fairseq leaves its process group alive: at interpreter exit Gloo's worker threads can then abort a rank whose
+    # training has finished (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489), and
+    # torchrun reports the launch failed. Only after a successful run: a rank that raised must not wait on the others.
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
