@@ -13,7 +13,7 @@ from .helpers import REPO, run, train_command
 
 sys.path.insert(0, str(REPO / "scripts" / "analysis"))
 
-TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients"]
+TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients", "attnres_weights"]
 
 
 def tool(name: str):
@@ -58,6 +58,8 @@ def test_scripts_run_as_files():
         ("grn_weights", ["/no/such.pt"], "does not exist"),
         ("mhc_coefficients", ["/no/such.pt", "--data", "."], "does not exist"),
         ("mhc_coefficients", ["/no/such.pt", "--data", ".", "--sentences", "0"], "--sentences must be an integer in [1, 100000]"),
+        ("attnres_weights", ["/no/such.pt", "--data", "."], "does not exist"),
+        ("attnres_weights", ["/no/such.pt", "--data", ".", "--sentences", "-1"], "--sentences must be an integer in [1, 100000]"),
     ],
 )
 def test_bad_options_are_refused_by_name(name, argv, message, capsys):
@@ -316,3 +318,48 @@ def test_mhc_coefficients_reads_a_trained_checkpoint(corpus_bin, tmp_path):
     assert summary["units"] == 30 and summary["sentences"] == 5 and 0 < summary["offdiag_mean_over_units"] < 0.75
     rows = read_csv(tmp_path / "mc.csv")
     assert rows[0]["unit"].startswith("encoder.layers.0.") and rows[-1]["unit"].startswith("decoder.layers.5.")
+
+
+def attnres_sources(index: int, sublayers: int, block: int) -> int:
+    """How many sources query ``index`` (0-based; ``sublayers`` = the stack output's) reads: b_0 and the completed
+    blocks, and the partial sum inside a block (Full AttnRes, block 1: the embedding and every earlier output)."""
+    return 1 + index // block + (index % block != 0)
+
+
+@pytest.mark.parametrize("arch, block", [("attnres_iwslt_e6d6", 1), ("attnres_block_iwslt_e6d6", 6)])
+def test_attnres_weights_at_initialisation_are_uniform(arch, block):
+    """Zero pseudo-queries (the paper's section 5): every query averages its sources, so each weight is 1/n, the
+    entropy ratio is 1 and the summary's embedding and newest weights equal the uniform one."""
+    from .helpers import build_model, random_batch
+
+    model = build_model(arch)
+    src, lengths, prev = random_batch(model)
+    rows = tool("attnres_weights").measure(model, [{"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}])
+    assert [(r["stack"], r["query"]) for r in rows] == [("encoder", q) for q in [*range(1, 13), "out"]] + [
+        ("decoder", q) for q in [*range(1, 19), "out"]
+    ]
+    for r in rows:
+        sublayers = 12 if r["stack"] == "encoder" else 18
+        index = sublayers if r["query"] == "out" else r["query"] - 1
+        assert r["sources"] == attnres_sources(index, sublayers, block) and r["block_size"] == block
+        assert r["weights"] == pytest.approx([1 / r["sources"]] * r["sources"], abs=1e-6)
+        assert r["entropy_ratio"] == pytest.approx(1.0, abs=1e-6)  # float32 weights
+    for s in tool("attnres_weights").summary(rows).values():
+        assert s["embedding"] == pytest.approx(s["uniform"]) and s["newest"] == pytest.approx(s["uniform"])
+    with pytest.raises(ValueError, match="no Attention Residuals"):
+        tool("attnres_weights").measure(build_model("transformer_preln_iwslt_e6d6"), [])
+
+
+def test_attnres_weights_reads_a_trained_checkpoint(corpus_bin, tmp_path):
+    save = tmp_path / "attnres"
+    run(train_command(corpus_bin, save, "attnres_block_iwslt_e6d6", max_update=3))
+    result = tool("attnres_weights").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
+                                           "--sentences", "5", "--out", str(tmp_path / "aw")])  # fmt: skip
+    outputs(tmp_path / "aw")
+    assert result["sentences"] == 5 and list(result["stacks"]) == ["encoder", "decoder"]
+    for s in result["stacks"].values():
+        assert 0 < s["entropy_ratio"] <= 1 + 1e-6 and 0 < s["embedding"] < 1
+    rows = read_csv(tmp_path / "aw.csv")
+    assert len(rows) == 13 + 19 and rows[-1]["query"] == "out" and "weights" not in rows[0]
+    per_query = json.loads((tmp_path / "aw.json").read_text())["per_query"]
+    assert all(sum(r["weights"]) == pytest.approx(1, abs=1e-5) for r in per_query)

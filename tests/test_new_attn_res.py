@@ -27,15 +27,18 @@ def run(ar, x, weights):
     return ar.finish(state)
 
 
+def direct_alpha(q, g, l, values):
+    """Eq. 2-3: alpha_{i->l} = softmax_i(w_l^T RMSNorm(v_i)), (sources, *token dims)."""
+    keys = [v / torch.sqrt((v**2).mean(-1, keepdim=True) + 1e-6) * g[l] for v in values]
+    return torch.softmax(torch.stack([k @ q[l] for k in keys]), 0)
+
+
 def direct(ar, x, weights, block_size, detach=True):
     """Eq. 5-6 (eq. 1-4 for S = 1) per token: sources b_0 = embedding, completed block sums, current partial."""
     q, g = (ar.queries.detach(), ar.key_gains.detach()) if detach else (ar.queries, ar.key_gains)
 
     def aggregate(l, values):
-        keys = [v / torch.sqrt((v**2).mean(-1, keepdim=True) + 1e-6) * g[l] for v in values]
-        logits = torch.stack([k @ q[l] for k in keys])
-        alpha = torch.softmax(logits, 0)
-        return sum(a.unsqueeze(-1) * v for a, v in zip(alpha, values))
+        return sum(a.unsqueeze(-1) * v for a, v in zip(direct_alpha(q, g, l, values), values))
 
     blocks, partial = [x], []
     for l, w in enumerate(weights):
@@ -54,6 +57,30 @@ def test_equations(block_size):
     weights = branch_weights(L)
     x = random_input(4, 2, DIM)
     torch.testing.assert_close(run(ar, x, weights), direct(ar, x, weights, block_size), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_weights_are_the_direct_alphas(block_size, grad):
+    """``weights`` (read by scripts/analysis/attnres_weights.py) gives eq. 2-3's alpha over the sources in order,
+    the embedding first and the partial sum last, in training and in decoding (which keeps a bank of blocks)."""
+    ar = AttentionResiduals(DIM, L, block_size).double()
+    randomize_(ar, scale=1.0)
+    q, g = ar.queries.detach(), ar.key_gains.detach()
+    weights = branch_weights(L)
+    x = random_input(4, 2, DIM)
+    with torch.set_grad_enabled(grad):
+        state = ar.start(x)
+        blocks, partial = [x], []
+        for l in range(L + 1):
+            sources = [v.detach() for v in blocks + ([sum(partial)] if partial else [])]
+            expected = direct_alpha(q, g, l, sources).reshape(len(sources), -1).t()  # (tokens, sources)
+            torch.testing.assert_close(ar.weights(l, state), expected, rtol=0, atol=1e-12)
+            if l == L:
+                break
+            partial.append(ar(l, state, lambda h, w=weights[l]: branch(h, w)))
+            if len(partial) == block_size:
+                blocks, partial = blocks + [sum(partial)], []
 
 
 @pytest.mark.parametrize("block_size", [1, 3])

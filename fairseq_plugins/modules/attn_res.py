@@ -269,18 +269,33 @@ class AttentionResiduals(nn.Module):
         self._add_block(state, embedding)
         return state
 
+    def _partial(self, index: int, state: AttnResState):
+        """The current block's partial sum as (tokens, C) rows and its logit for query ``index``, or Nones."""
+        if state.partial is None:
+            return None, None
+        partial = state.partial.reshape(-1, state.partial.shape[-1])
+        p = partial.to(state.keys.dtype)
+        return partial, (p @ state.keys[index]) * torch.rsqrt(p.square().mean(-1) + self.eps)
+
     def read(self, index: int, state: AttnResState) -> Tensor:
         """sum_i alpha_{i->l} v_i over the current sources, with query ``index`` (L = the stack output's)."""
         shape = state.blocks[0].shape
-        partial = partial_logit = None
         # autocast (the plugin's --autocast-dtype) would run the logits, softmax and products in half precision
         with autocast_off(state.blocks[0].device.type):
-            if state.partial is not None:
-                partial = state.partial.reshape(-1, shape[-1])
-                p = partial.to(state.keys.dtype)
-                partial_logit = (p @ state.keys[index]) * torch.rsqrt(p.square().mean(-1) + self.eps)
+            partial, partial_logit = self._partial(index, state)
             out = call(_Read, state.sources, index, len(state.blocks), partial, partial_logit, *state.handles)
         return out.view(shape)
+
+    def weights(self, index: int, state: AttnResState) -> Tensor:
+        """alpha_{i->l} of query ``index`` over the sources it would read now, (tokens, sources): the completed
+        blocks in order (the embedding first), then the partial sum if any. For inspection
+        (scripts/analysis/attnres_weights.py); ``read`` computes the same softmax inside its autograd function."""
+        with torch.no_grad(), autocast_off(state.blocks[0].device.type):
+            _, partial_logit = self._partial(index, state)
+            logits = state.sources.logits[:, : len(state.blocks), index]
+            if partial_logit is not None:
+                logits = torch.cat([logits, partial_logit.unsqueeze(-1)], 1)
+            return logits.softmax(-1)
 
     def write(self, state: AttnResState, out: Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out

@@ -1,6 +1,7 @@
 """Shared pieces of the analysis tools in scripts/analysis/ (grad_norms, low_rank_residual, grn_weights, depth_width,
-compare): building a registered architecture exactly as ``fairseq-train --arch NAME`` does, option checks
-for argparse, and writing CSV / JSON / PNG outputs.
+compare, mhc_coefficients, attnres_weights): building a registered architecture exactly as ``fairseq-train --arch
+NAME`` does, reading a trained checkpoint with sentences of its data, option checks for argparse, and writing
+CSV / JSON / PNG outputs.
 
 The tools are run as ``python scripts/analysis/TOOL.py``, so this directory is on ``sys.path`` and they import this
 module by its plain name; it puts the repository root on ``sys.path`` so ``fairseq_plugins`` imports too.
@@ -116,6 +117,36 @@ def check_arch(parser, names: Iterable[str], option: str = "--arch") -> None:
             f"{option} {', '.join(unknown)} is not a registered architecture; "
             "see `python scripts/analysis/param_table.py` for the plugin's names"
         )
+
+
+def add_checkpoint_options(p, what: str, out: str) -> None:
+    """The options of a tool that measures a trained checkpoint on real sentences: CKPT, --data, --subset,
+    --sentences, --out (``what``: the checkpoint's kind, with its paper)."""
+    p.add_argument("checkpoint", type=Path, help=f"a fairseq checkpoint of {what}")
+    p.add_argument("--data", type=Path, required=True, help="the data-bin directory the model was trained on")
+    p.add_argument("--subset", default="valid", help="the split to read (default valid)")
+    p.add_argument("--sentences", type=int_option("--sentences", 1, 100000), default=200,
+                   help="sentences to measure on, the split's first ones (default 200, 1-100000)")
+    p.add_argument("--out", type=Path, default=Path(out), help="output prefix: PREFIX.csv/.json/.png")
+
+
+def load_checkpoint(parser, args):
+    """The model of ``args.checkpoint`` and ``args.sentences`` one-sentence batches (``net_input`` dicts, so no
+    padding) of ``args.subset``; a missing checkpoint or a directory that is not a data-bin stops ``parser``."""
+    if not args.checkpoint.is_file():
+        parser.error(f"checkpoint {args.checkpoint} does not exist")
+    if not (args.data / "dict.txt").is_file() and not list(args.data.glob("dict.*.txt")):
+        parser.error(f"--data {args.data}: not a fairseq data-bin directory (no dict*.txt)")
+    from fairseq import checkpoint_utils
+
+    import fairseq_plugins  # noqa: F401  (registers the architectures the checkpoint names)
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(args.checkpoint)], arg_overrides={"data": str(args.data)}
+    )
+    task.load_dataset(args.subset)
+    itr = task.get_batch_iterator(task.dataset(args.subset), max_sentences=1).next_epoch_itr(shuffle=False)
+    return models[0], [sample["net_input"] for sample, _ in zip(itr, range(args.sentences), strict=False)]
 
 
 def with_suffix(prefix: Path, suffix: str) -> Path:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 from analysis_common import (
-    int_option,
+    add_checkpoint_options,
+    load_checkpoint,
     pyplot,
     save_figure,
     with_suffix,
@@ -97,27 +98,9 @@ def summary(rows: list[dict]) -> dict:
             "post": [min(r["post_min"] for r in rows), max(r["post_max"] for r in rows)]}  # fmt: skip
 
 
-def load(checkpoint: Path, data: Path, subset: str, sentences: int):
-    """The checkpoint's model and ``sentences`` one-sentence batches of ``subset`` in ``data``."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_plugins  # noqa: F401  (registers the architectures the checkpoint names)
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data)})
-    task.load_dataset(subset)
-    itr = task.get_batch_iterator(task.dataset(subset), max_sentences=1).next_epoch_itr(shuffle=False)
-    batches = [sample["net_input"] for sample, _ in zip(itr, range(sentences), strict=False)]
-    return models[0], batches
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", type=Path, help="a fairseq checkpoint of an mHC or mHC-lite model (arXiv:2512.24880)")
-    p.add_argument("--data", type=Path, required=True, help="the data-bin directory the model was trained on")
-    p.add_argument("--subset", default="valid", help="the split to read (default valid)")
-    p.add_argument("--sentences", type=int_option("--sentences", 1, 100000), default=200,
-                   help="sentences to measure on, the split's first ones (default 200, 1-100000)")
-    p.add_argument("--out", type=Path, default=Path("mhc_coefficients"), help="output prefix: PREFIX.csv/.json/.png")
+    add_checkpoint_options(p, "an mHC or mHC-lite model (arXiv:2512.24880)", "mhc_coefficients")
     return p
 
 
@@ -136,11 +119,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.checkpoint.is_file():
-        parser.error(f"checkpoint {args.checkpoint} does not exist")
-    if not (args.data / "dict.txt").is_file() and not list(args.data.glob("dict.*.txt")):
-        parser.error(f"--data {args.data}: not a fairseq data-bin directory (no dict*.txt)")
-    model, batches = load(args.checkpoint, args.data, args.subset, args.sentences)
+    model, batches = load_checkpoint(parser, args)
     try:
         rows = measure(model, batches)
     except ValueError as error:
