@@ -462,3 +462,12 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
     done, missing = runner.finished_runs(tuning, later)
     assert len(done) == 3 and len(missing) == 3
 
+
+
+def test_a_later_seed_waiting_for_its_choice_is_named_as_such():
+    """REPORT_ONLY lists the runs not finished; a later seed whose first seed has not chosen its setting yet is a
+    placeholder with lr 0, and its name (lr0.wu0) would be one no run ever has."""
+    chosen = study_common.Run("residual_e6d6", "warmup", 4e-3, 400, 2)
+    waiting = study_common.Run("residual_e6d6", "warmup", 0, 0, 2)
+    assert chosen.label == chosen.name == "residual_e6d6.warmup.lr0.004.wu400.s2"
+    assert waiting.label == "residual_e6d6.warmup.s2 (at its first seed's choice)"

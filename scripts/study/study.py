@@ -355,7 +355,7 @@ def main(argv=None, defaults: Defaults | None = None):
         if not runs:
             raise RecipeError(f"REPORT_ONLY (--report-only): no run in OUT_DIR (--out-dir)={out} has finished and been "
                               "evaluated yet")  # fmt: skip
-        log(tag, f"report only: {len(runs)} of {n_runs} runs finished" + (f"; missing {', '.join(r.name for r in missing)}" if missing else ""))
+        log(tag, f"report only: {len(runs)} of {n_runs} runs finished" + (f"; missing {', '.join(r.label for r in missing)}" if missing else ""))
         context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
         print(f"\n{table(context['rows'])}\n\ntables: {out / 'results.md'}, {out / 'results.json'}", flush=True)
         return

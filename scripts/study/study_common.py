@@ -124,6 +124,12 @@ class Run:
     def group(self) -> tuple[str, str]:
         return self.arch, self.variant
 
+    @property
+    def label(self) -> str:
+        """The name, or for a later seed whose setting its first seed's grid has not chosen yet (lr 0: a
+        placeholder) what it will be, rather than a name with lr0.wu0 that no run will ever have."""
+        return self.name if self.lr else f"{self.arch}.{self.variant}.s{self.seed} (at its first seed's choice)"
+
 
 def check_archs(archs: list[str], variable: str, lm: bool = False) -> None:
     """Every architecture must be registered with fairseq once the plugin is imported."""

@@ -133,7 +133,7 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
         "budget_text": args.budget.describe(), "jobs": args.jobs, "threads": args.threads,
         "bootstrap": args.bootstrap, "margin": args.level_margin,
         "falling_last": args.falling_last, "falling_slope": args.falling_slope,
-        "missing": [run.name for run in missing], "report_only": args.report_only, "comparisons": comparisons,
+        "missing": [run.label for run in missing], "report_only": args.report_only, "comparisons": comparisons,
         "runs": list(results.items()),
     }  # fmt: skip
 
