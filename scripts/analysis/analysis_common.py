@@ -149,6 +149,21 @@ def load_checkpoint(parser, args):
     return models[0], [sample["net_input"] for sample, _ in zip(itr, range(args.sentences), strict=False)]
 
 
+def observe(model, batches, collector) -> list[dict]:
+    """Teacher-forced passes of ``model`` (eval mode, no autograd) over ``batches`` (``net_input`` dicts) with
+    ``collector``'s hooks on; returns ``collector.rows()``, its hooks removed whatever happens."""
+    import torch
+
+    model.eval()
+    try:
+        with torch.no_grad():
+            for net_input in batches:
+                model(**net_input)
+    finally:
+        collector.close()
+    return collector.rows()
+
+
 def with_suffix(prefix: Path, suffix: str) -> Path:
     """``prefix`` + ``suffix``: an output prefix may contain dots, which ``Path.with_suffix`` would cut."""
     return prefix.parent / (prefix.name + suffix)

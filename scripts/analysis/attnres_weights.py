@@ -26,6 +26,7 @@ import torch
 from analysis_common import (
     add_checkpoint_options,
     load_checkpoint,
+    observe,
     pyplot,
     save_figure,
     with_suffix,
@@ -83,15 +84,9 @@ def measure(model: torch.nn.Module, batches) -> list[dict]:
     """Per stack and query of ``model``'s AttnRes, the statistics over ``batches`` (``net_input`` dicts)."""
     collector = Collector(model)
     if not collector.units:
-        raise ValueError("the model has no Attention Residuals (--depth-aggregation attnres or attnres-block)")
-    model.eval()
-    try:
-        with torch.no_grad():
-            for net_input in batches:
-                model(**net_input)
-    finally:
         collector.close()
-    return collector.rows()
+        raise ValueError("the model has no Attention Residuals (--depth-aggregation attnres or attnres-block)")
+    return observe(model, batches, collector)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -25,6 +25,7 @@ import torch
 from analysis_common import (
     add_checkpoint_options,
     load_checkpoint,
+    observe,
     pyplot,
     save_figure,
     with_suffix,
@@ -80,14 +81,7 @@ def measure(model: torch.nn.Module, batches) -> list[dict]:
     if not collector.units:
         collector.close()
         raise ValueError("the model has no mHC or mHC-lite unit (--depth-aggregation mhc or mhc-lite)")
-    model.eval()
-    try:
-        with torch.no_grad():
-            for net_input in batches:
-                model(**net_input)
-    finally:
-        collector.close()
-    return collector.rows()
+    return observe(model, batches, collector)
 
 
 def summary(rows: list[dict]) -> dict:
