@@ -134,29 +134,70 @@ def test_mix_ln_makes_the_first_quarter_of_each_stack_post_ln():
     assert all(layer.normalize_before for side in (model.encoder, model.decoder) for layer in side.layers)
 
 
+def _qkv_normed_attention(attn, x):
+    """Self-attention with per-head RMS-normalised Q, K, V (HybridNorm section 3), written out in float64."""
+    t, b, c = x.shape
+    h = attn.num_heads
+
+    def heads(proj):
+        z = (x @ proj.weight.T + proj.bias).reshape(t, b, h, c // h)
+        z = z / torch.sqrt(z.square().mean(-1, keepdim=True) + 1e-5)
+        return (z * proj.norm.weight).permute(1, 2, 0, 3)  # (b, h, t, d)
+
+    q, k, v = (heads(getattr(attn, p)) for p in ("q_proj", "k_proj", "v_proj"))
+    a = torch.softmax(q @ k.transpose(-1, -2) / (c // h) ** 0.5, -1) @ v
+    return attn.out_proj(a.permute(2, 0, 1, 3).reshape(t, b, c))
+
+
+def _layer_norm(norm, z):
+    return torch.nn.functional.layer_norm(z, z.shape[-1:], norm.weight, norm.bias)
+
+
 def test_hybrid_norm_layer_equals_its_equations_in_float64():
     """Attention with per-head RMS-normalised Q, K, V and no input norm; FFN x' = N(y) + FFN(N(y))."""
     model = build_model("hybridnorm_e6d6", SHAPE).double()
     layer = model.encoder.layers[0]
     for attn in (layer.self_attn, model.decoder.layers[0].encoder_attn):
         assert all(isinstance(getattr(attn, p), NormedProjection) for p in ("q_proj", "k_proj", "v_proj"))
+    assert not [k for k in model.state_dict() if "self_attn_layer_norm" in k or "encoder_attn_layer_norm" in k]
     x = torch.randn(5, 2, layer.embed_dim, dtype=torch.float64)
     with torch.no_grad():
         out = layer(x, None)
-        t, b, c = x.shape
-        h = layer.self_attn.num_heads
-
-        def heads(z, proj):
-            z = (x @ proj.weight.T + proj.bias).reshape(t, b, h, c // h)
-            z = z / torch.sqrt(z.square().mean(-1, keepdim=True) + 1e-5)
-            return (z * proj.norm.weight).permute(1, 2, 0, 3)  # (b, h, t, d)
-
-        q, k, v = (heads(x, getattr(layer.self_attn, p)) for p in ("q_proj", "k_proj", "v_proj"))
-        a = torch.softmax(q @ k.transpose(-1, -2) / (c // h) ** 0.5, -1) @ v
-        y = x + layer.self_attn.out_proj(a.permute(2, 0, 1, 3).reshape(t, b, c))
-        n = torch.nn.functional.layer_norm(y, (c,), layer.final_layer_norm.weight, layer.final_layer_norm.bias)
+        y = x + _qkv_normed_attention(layer.self_attn, x)
+        n = _layer_norm(layer.final_layer_norm, y)
         expected = n + layer.fc2(torch.relu(layer.fc1(n)))
     torch.testing.assert_close(out, expected)
+
+
+def test_hybrid_norm_star_has_a_pre_ln_first_layer():
+    """HybridNorm* (--hybrid-first-layer pre): layer 0 of each stack is y = x + Attn(N_a(x)) with the Q/K/V norms
+    and x' = y + FFN(N_f(y)); the other layers stay HybridNorm's; decoding incrementally equals full decoding and
+    a checkpoint round-trips; pruning is refused."""
+    star = ["--hybrid-first-layer", "pre"]
+    model = build_model("hybridnorm_e6d6", [*SHAPE, *star], seed=1).double()
+    with torch.no_grad():  # every gain and bias off its init, so each norm's place shows
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    first, second = model.encoder.layers[0], model.encoder.layers[1]
+    x = torch.randn(5, 2, first.embed_dim, dtype=torch.float64)
+    with torch.no_grad():
+        y = x + _qkv_normed_attention(first.self_attn, _layer_norm(first.self_attn_layer_norm, x))
+        expected = y + first.fc2(torch.relu(first.fc1(_layer_norm(first.final_layer_norm, y))))
+        torch.testing.assert_close(first(x, None), expected)
+        y = x + _qkv_normed_attention(second.self_attn, x)
+        n = _layer_norm(second.final_layer_norm, y)
+        torch.testing.assert_close(second(x, None), n + second.fc2(torch.relu(second.fc1(n))))
+    decoder_norms = [k for k in model.state_dict() if k.startswith("decoder.") and "attn_layer_norm" in k]
+    assert decoder_norms == [f"decoder.layers.0.{s}_attn_layer_norm.{w}" for s in ("self", "encoder") for w in ("weight", "bias")]
+    batch = random_batch(model)
+    full, incremental = full_and_incremental_logits(copy.deepcopy(model), *batch)
+    torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-6)
+    fresh = build_model("hybridnorm_e6d6", [*SHAPE, *star], seed=2).double()
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(*batch)[0], model(*batch)[0], rtol=0, atol=0)
+    with pytest.raises(PluginOptionError, match="--encoder-layers-to-keep cannot be used with --hybrid-first-layer pre"):
+        build_model("hybridnorm_e6d6", [*SHAPE, *star, "--encoder-layers-to-keep", "0,1"])
 
 
 @pytest.mark.parametrize(("family", "kind"), [("dyt", DynamicTanh), ("derf", DynamicErf)])
@@ -170,6 +211,7 @@ def test_dyt_and_derf_replace_every_layernorm(family, kind):
 @pytest.mark.parametrize(("extra", "message"), [
     (["--residual", "layerscale", "--layerscale-init", "2"], "--layerscale-init"),
     (["--residual", "mix", "--mix-ln-alpha", "1.5"], "--mix-ln-alpha"),
+    (["--residual", "hybrid", "--hybrid-first-layer", "post"], "--hybrid-first-layer"),
 ])  # fmt: skip
 def test_option_errors_name_the_option(extra, message, capsys):
     with pytest.raises((SystemExit, PluginOptionError)):

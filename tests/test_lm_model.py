@@ -168,3 +168,13 @@ def test_autocast_dtype_reaches_the_decoder(lm_bin, arch):
     with torch.no_grad():
         logits, _ = model(train_batch(task)["net_input"]["src_tokens"])
     assert logits.dtype is torch.float32 and torch.isfinite(logits).all()
+
+
+def test_hybrid_norm_star_makes_the_first_decoder_layer_pre_ln(lm_bin):
+    """--hybrid-first-layer pre in a decoder-only model: only layer 0 gets the attention input norm."""
+    model, _, _ = build_lm(lm_bin, "hybridnorm_lm_d6", ["--hybrid-first-layer", "pre"])
+    layers = model.decoder.layers
+    assert layers[0].pre_ln_ffn and not any(layer.pre_ln_ffn for layer in layers[1:])
+    assert [k for k in model.state_dict() if "self_attn_layer_norm" in k] == [
+        "decoder.layers.0.self_attn_layer_norm.weight", "decoder.layers.0.self_attn_layer_norm.bias"
+    ]

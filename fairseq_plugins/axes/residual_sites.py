@@ -6,6 +6,7 @@
     peri         x <- x + LN_out(F(LN_in(x)))  (Peri-LN = Sandwich-LN)          modules/norm_placement.py
     mix          Mix-LN: the first floor(0.25 L) layers of each stack Post-LN   modules/norm_placement.py
     hybrid       HybridNorm: Q/K/V norms in attention, FFN x <- N(x) + FFN(N(x)) modules/hybrid_norm.py
+                 (--hybrid-first-layer pre: HybridNorm*, a Pre-LN first layer in each stack)
 
 Why these are residual choices and not a separate branch-update axis: each paper defines its update on a
 Pre-LN layer (LayerScale, orthogonal) or replaces the layer's norm placement (ReZero, Peri, Mix, Hybrid), the
@@ -21,7 +22,7 @@ from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import check_float
+from ..validation import check_choice, check_float
 from . import Option
 from .residual import Residual, refuse_pruning
 
@@ -115,6 +116,28 @@ class Mix(Residual):
 class Hybrid(Residual):
     name, source = "hybrid", "HybridNorm (Zhuo et al. 2025, arXiv:2503.04598)"
     owns, torchscript = frozenset({"layer"}), False
+    options = (
+        Option("hybrid_first_layer", check_choice, (("hybrid", "pre"),), "hybrid", "KIND",
+               "HybridNorm's first layer of each stack: hybrid (default, the paper's HybridNorm) or pre "
+               "(HybridNorm*, the paper's variant, the authors' norm_pos_special_config: layer 0 keeps a pre-norm "
+               "on its attention inputs, Q/K/V norms included, and a Pre-LN FFN)"),
+    )  # fmt: skip
+
+    @classmethod
+    def check(cls, args) -> None:
+        super().check(args)
+        if args.hybrid_first_layer == "pre":
+            # the special layer is the stack's first: pruning it would leave a model that was never trained
+            refuse_pruning(args, "--hybrid-first-layer pre", "HybridNorm*'s first layer of each stack is built "
+                           "differently from the others, and pruning would move another layer into its place")  # fmt: skip
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        if model.args.hybrid_first_layer == "pre":
+            for side in ("encoder", "decoder"):
+                layers = getattr(getattr(model, side), "layers", None) or []  # an LM's NoEncoder has none
+                if len(layers):
+                    layers[0].keep_pre_ln()
 
     @classmethod
     def conflict(cls, other) -> str | None:

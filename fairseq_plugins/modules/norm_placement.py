@@ -30,7 +30,9 @@ Sources and decisions:
 - HybridNorm (arXiv:2503.04598; authors' code BryceZhuo/HybridNorm ``dense_model/olmo/model.py`` and the
   1.2B config, read at f0dd605: ``attn_norm: false``, ``use_query/key/value_norm: true``, ``ffn_norm: true``,
   ``ffn_residual_after_norm: true``, RMSNorm eps 1e-5, final ``ln_f``). HybridNorm* (README,
-  ``norm_pos_special_config``): layer 0 keeps a pre-norm on attention and its FFN is plain Pre-LN.
+  ``norm_pos_special_config``): layer 0 keeps a pre-norm on attention and its FFN is plain Pre-LN (the model's
+  ``--hybrid-first-layer pre``: site_layers' ``keep_pre_ln``, Q/K/V norms kept in layer 0 as the code's global
+  ``use_*_norm``; in a decoder, cross-attention gets its pre-norm too).
   Our decisions for the decoder: cross-attention is treated like self-attention (no input norm, N_q on the
   decoder query, N_k and N_v on the encoder projections, which fairseq then caches under static_kv), and is
   not followed by its own normalised residual: the FFN's N normalises the sum of both attention sublayers,

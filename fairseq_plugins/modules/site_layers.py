@@ -14,6 +14,7 @@ identities, so the norm axis, which replaces nn.LayerNorm modules, leaves them a
 every attention (modules/hybrid_norm.py) and take the FFN's residual from its normalised input.
 """
 
+import copy
 from collections.abc import Callable
 
 from torch import Tensor, nn
@@ -81,7 +82,20 @@ class SiteUpdateDecoderLayer(SiteDecoderLayer):
 
 
 class _Hybrid:
-    """HybridNorm: attention without input norm but with Q/K/V norms; FFN residual N(x) + FFN(N(x))."""
+    """HybridNorm: attention without input norm but with Q/K/V norms; FFN residual N(x) + FFN(N(x)).
+    ``keep_pre_ln`` makes the layer HybridNorm*'s first (see norm_placement's ``hybrid_star``)."""
+
+    pre_ln_ffn = False
+
+    def keep_pre_ln(self) -> None:
+        """HybridNorm*'s first layer: a pre-norm on each attention's input (its Q/K/V norms stay, as the authors'
+        global ``use_*_norm``) and a Pre-LN FFN, x <- x + FFN(N(x)). The input norms are copies of the layer's FFN
+        norm, called in the model's ``__init__`` while every norm still has its initial values, so each starts
+        as a new norm of the same kind (the norm axis replaces all of them afterwards)."""
+        self.self_attn_layer_norm = copy.deepcopy(self.final_layer_norm)
+        if getattr(self, "encoder_attn", None) is not None:
+            self.encoder_attn_layer_norm = copy.deepcopy(self.final_layer_norm)
+        self.pre_ln_ffn = True
 
     def _hybridise(self) -> None:
         self.self_attn_layer_norm = Contiguous()
@@ -93,7 +107,7 @@ class _Hybrid:
     def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
         # fairseq keeps the un-normalised sum as the FFN's residual; HybridNorm's residual is N(sum), the FFN's
         # own input (recomputed here: one norm per layer, no fairseq forward copied)
-        return (self.final_layer_norm(residual) if site == "ffn" else residual) + x
+        return (self.final_layer_norm(residual) if site == "ffn" and not self.pre_ln_ffn else residual) + x
 
 
 class HybridEncoderLayer(_Hybrid, SiteEncoderLayer):
