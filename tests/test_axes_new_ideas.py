@@ -26,7 +26,7 @@ from .helpers import (
     random_batch,
 )
 
-FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
+FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "hybridnorm_star", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"]
 
 

@@ -138,6 +138,7 @@ NEW_IDEAS: dict[str, dict[str, str]] = {
     "periln": {"residual": "peri"},
     "mixln": {"residual": "mix"},
     "hybridnorm": {"residual": "hybrid"},
+    "hybridnorm_star": {"residual": "hybrid", "hybrid_first_layer": "pre"},
     "dyt": {"residual": "pre", "norm": "dyt"},
     "derf": {"residual": "pre", "norm": "derf"},
     "value_residual": {"residual": "pre", "value_residual": "both"},
