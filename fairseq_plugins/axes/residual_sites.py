@@ -27,6 +27,12 @@ from . import Option
 from .residual import Residual, refuse_pruning
 
 
+def stack_layers(model) -> list[list]:
+    """The layers of each stack of ``model`` that has any (an LM's NoEncoder has none), encoder first."""
+    stacks = (list(getattr(getattr(model, side), "layers", None) or []) for side in ("encoder", "decoder"))
+    return [layers for layers in stacks if layers]
+
+
 class _SiteUpdate(Residual):
     owns, torchscript = frozenset({"layer"}), False  # SiteResidual layers (residual_wiring.py)
     sublayer_norms = True
@@ -107,9 +113,8 @@ class Mix(Residual):
     @classmethod
     def prepare(cls, model) -> None:
         # fairseq's layers read normalize_before in forward: the leading layers become Post-LN with their own norms
-        for side in ("encoder", "decoder"):
-            layers = getattr(getattr(model, side), "layers", None) or []  # an LM's NoEncoder has none
-            for layer in list(layers)[: mix_ln_post_layers(len(layers), model.args.mix_ln_alpha)]:
+        for layers in stack_layers(model):
+            for layer in layers[: mix_ln_post_layers(len(layers), model.args.mix_ln_alpha)]:
                 layer.normalize_before = False
 
 
@@ -134,10 +139,8 @@ class Hybrid(Residual):
     @classmethod
     def prepare(cls, model) -> None:
         if model.args.hybrid_first_layer == "pre":
-            for side in ("encoder", "decoder"):
-                layers = getattr(getattr(model, side), "layers", None) or []  # an LM's NoEncoder has none
-                if len(layers):
-                    layers[0].keep_pre_ln()
+            for layers in stack_layers(model):
+                layers[0].keep_pre_ln()
 
     @classmethod
     def conflict(cls, other) -> str | None:

@@ -149,6 +149,19 @@ def load_checkpoint(parser, args):
     return models[0], [sample["net_input"] for sample, _ in zip(itr, range(args.sentences), strict=False)]
 
 
+def measure_checkpoint(parser, argv, measure) -> tuple:
+    """The shared start of the checkpoint tools' main: parse ``argv``, load the checkpoint and its sentences and
+    run ``measure(model, batches)``, whose refusal of the model (ValueError) stops ``parser`` naming the
+    checkpoint. Returns (args, rows, the result's header: checkpoint, subset, sentences)."""
+    args = parser.parse_args(argv)
+    model, batches = load_checkpoint(parser, args)
+    try:
+        rows = measure(model, batches)
+    except ValueError as error:
+        parser.error(f"{args.checkpoint.name}: {error}")
+    return args, rows, {"checkpoint": args.checkpoint.name, "subset": args.subset, "sentences": len(batches)}
+
+
 def observe(model, batches, collector) -> list[dict]:
     """Teacher-forced passes of ``model`` (eval mode, no autograd) over ``batches`` (``net_input`` dicts) with
     ``collector``'s hooks on; returns ``collector.rows()``, its hooks removed whatever happens."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from analysis_common import (
     add_checkpoint_options,
-    load_checkpoint,
+    measure_checkpoint,
     observe,
     pyplot,
     save_figure,
@@ -126,19 +126,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    model, batches = load_checkpoint(parser, args)
-    try:
-        rows = measure(model, batches)
-    except ValueError as error:
-        parser.error(f"{args.checkpoint.name}: {error}")
-    result = {"checkpoint": args.checkpoint.name, "subset": args.subset, "sentences": len(batches), "stacks": summary(rows)}
+    args, rows, header = measure_checkpoint(build_parser(), argv, measure)
+    result = {**header, "stacks": summary(rows)}
     write_csv(with_suffix(args.out, ".csv"), [{k: v for k, v in r.items() if k != "weights"} for r in rows])
     write_json(with_suffix(args.out, ".json"), {**result, "per_query": rows})
     plot(rows, with_suffix(args.out, ".png"))
     for stack, s in result["stacks"].items():
-        print(f"{stack}: {s['queries']} queries, {len(batches)} sentences: entropy ratio {s['entropy_ratio']:.3f} "
+        print(f"{stack}: {s['queries']} queries, {result['sentences']} sentences: entropy ratio {s['entropy_ratio']:.3f} "
               f"(1 = uniform), mean weight on the embedding {s['embedding']:.3f} and on the newest source "
               f"{s['newest']:.3f} (uniform {s['uniform']:.3f})")  # fmt: skip
     return result

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from analysis_common import (
     add_checkpoint_options,
-    load_checkpoint,
+    measure_checkpoint,
     observe,
     pyplot,
     save_figure,
@@ -111,18 +111,12 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    model, batches = load_checkpoint(parser, args)
-    try:
-        rows = measure(model, batches)
-    except ValueError as error:
-        parser.error(f"{args.checkpoint.name}: {error}")
-    result = {"checkpoint": args.checkpoint.name, "subset": args.subset, "sentences": len(batches), **summary(rows)}
+    args, rows, header = measure_checkpoint(build_parser(), argv, measure)
+    result = {**header, **summary(rows)}
     write_csv(with_suffix(args.out, ".csv"), rows)
     write_json(with_suffix(args.out, ".json"), {**result, "per_unit": rows})
     plot(rows, with_suffix(args.out, ".png"))
-    print(f"{result['units']} mHC units, {len(batches)} sentences: H_res off-diagonal row mass {result['offdiag_mean_over_units']:.2e} "
+    print(f"{result['units']} mHC units, {result['sentences']} sentences: H_res off-diagonal row mass {result['offdiag_mean_over_units']:.2e} "
           f"on average (units {result['offdiag_unit_means'][0]:.2e}-{result['offdiag_unit_means'][1]:.2e}), at most "
           f"{result['offdiag_max']:.2e}; H_pre in [{result['pre'][0]:.3f}, {result['pre'][1]:.3f}], H_post in "
           f"[{result['post'][0]:.3f}, {result['post'][1]:.3f}]")  # fmt: skip
