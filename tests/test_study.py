@@ -214,7 +214,9 @@ def test_early_stopping_follows_fairseqs_rule_across_a_resume(tmp_path):
     assert done["updates"] == 700 and done["stopped"] == "patience"
     result = runner.result(run_, evaluated=False)
     assert result["curves"]["valid"][-1][0] == 700 and result["curves"]["train"] == []
-    assert result["best_valid_loss"] == 4.9 and result["best_valid_update"] == 400
+    # 4.9 at 400 and again at 700: patience counts 700 as no improvement (`<`), checkpoint_best.pt is re-saved (`<=`)
+    assert result["best_valid_loss"] == 4.9 and result["best_valid_update"] == 700
+    assert result["updates"] == 700  # the stop is a validation's update, past the last logged training step
     cmd = study_common.train_command(run_, args.setup, args.budget, tmp_path, {"source_lang": "de", "target_lang": "en"},
                                      tmp_path, 100, [], [])  # fmt: skip
     assert cmd[cmd.index("--patience") + 1] == "3" and "at most 1000 updates each, stopped early" in args.budget.describe()

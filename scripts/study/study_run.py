@@ -358,11 +358,14 @@ class Study(Console):
         done = json.loads(done_file.read_text(encoding="utf-8")) if done_file.is_file() else {}
         if done.get("stopped") == "patience":  # what a resumed run did past its stop does not count
             curves = {**curves, **{k: [p for p in curves[k] if p[0] <= done["updates"]] for k in ("train", "valid")}}
-        best = min(curves["valid"], key=lambda p: p[2], default=None)
+        # fairseq re-saves checkpoint_best.pt on a tie of its rounded losses (`<=`, where --patience needs `<`),
+        # so the evaluated checkpoint is the last of equal minima
+        best = min(reversed(curves["valid"]), key=lambda p: p[2], default=None)
         out = {"curves": curves, "parameters": curves["parameters"],
                "valid_loss": curves["valid"][-1][2] if curves["valid"] else None,
                "first_valid_loss": curves["valid"][0][2] if curves["valid"] else None,
-               "updates": curves["train"][-1][0] if curves["train"] else 0,
+               # a run ends on a validation (early stopping's) as often as on a logged training step
+               "updates": max((p[0] for p in curves["train"] + curves["valid"]), default=0),
                "seconds": max([p[1] for p in curves["train"] + curves["valid"]], default=0.0),
                "best_valid_loss": best[2] if best else None, "best_valid_update": best[0] if best else None,
                "stopped": done.get("stopped")}  # fmt: skip
