@@ -337,7 +337,8 @@ def runs_and_choices(context: dict, choices: dict) -> list[str]:
     lines = ["## Runs: was the validation loss still falling at the end?", "",
               (f"Slope: least-squares slope of the valid loss over the last {context['falling_last']} validations, per "
                f"100 updates; still falling below -{context['falling_slope']:g} (FALLING_LAST, FALLING_SLOPE). "
-               "Best: the lowest valid loss and its update (the evaluated checkpoint_best.pt)."), "",
+               "Best: the lowest valid loss and its update (the evaluated checkpoint_best.pt: of equal lowest "
+               "losses the last, which fairseq saves over the earlier)."), "",
               "| run | updates | stopped by | best valid loss (update) | last valid loss | slope | still falling | best = last |",
               "|---|---:|---|---:|---:|---:|---|---|"]  # fmt: skip
     for run, r in context["runs"]:
