@@ -363,3 +363,46 @@ def test_attnres_weights_reads_a_trained_checkpoint(corpus_bin, tmp_path):
     assert len(rows) == 13 + 19 and rows[-1]["query"] == "out" and "weights" not in rows[0]
     per_query = json.loads((tmp_path / "aw.json").read_text())["per_query"]
     assert all(sum(r["weights"]) == pytest.approx(1, abs=1e-5) for r in per_query)
+    assert all(sum(r["shares"]) == pytest.approx(1, abs=1e-5) for r in per_query)
+    assert all(0 < s["embedding_share"] <= 1 for s in result["stacks"].values())
+
+
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_attnres_weights_and_shares_against_float64(block_size):
+    """Per query, the tool's mean alpha and norm-weighted share (alpha_i ||v_i|| / sum_j alpha_j ||v_j|| per token)
+    equal the paper's eq. 2-3 and the sources' norms computed directly, with trained (random) pseudo-queries."""
+    from fairseq_plugins.modules.attn_res import AttentionResiduals
+
+    from .new_ideas_common import DIM, branch, branch_weights, random_input, randomize_
+    from .test_new_attn_res import L, direct_alpha
+
+    ar = AttentionResiduals(DIM, L, block_size).double()
+    randomize_(ar, scale=1.0)
+    holder = torch.nn.Module()
+    holder.stack = torch.nn.Module()
+    holder.stack.attn_res = ar
+    collector = tool("attnres_weights").Collector(holder)
+    q, g, weights, x = ar.queries.detach(), ar.key_gains.detach(), branch_weights(L), random_input(4, 2, DIM)
+    expected = []
+    with torch.no_grad():
+        state = ar.start(x)
+        blocks, partial = [x], []
+        for l in range(L + 1):
+            sources = blocks + ([sum(partial)] if partial else [])
+            alpha = direct_alpha(q, g, l, sources).reshape(len(sources), -1).t()  # (tokens, sources)
+            norms = torch.stack([v.reshape(-1, DIM).norm(dim=-1) for v in sources], -1)
+            share = alpha * norms / (alpha * norms).sum(-1, keepdim=True)
+            expected.append((alpha.mean(0), share.mean(0)))
+            if l == L:
+                ar.finish(state)
+                break
+            partial.append(ar(l, state, lambda h, w=weights[l]: branch(h, w)))
+            if len(partial) == block_size:
+                blocks, partial = blocks + [sum(partial)], []
+    rows = collector.rows()
+    collector.close()
+    assert [r["query"] for r in rows] == [*range(1, L + 1), "out"]
+    for r, (alpha, share) in zip(rows, expected, strict=True):
+        assert r["weights"] == pytest.approx(alpha.tolist(), abs=2e-6)
+        assert r["shares"] == pytest.approx(share.tolist(), abs=2e-6)
+        assert r["embedding_share"] == pytest.approx(share[0].item()) and r["newest_share"] == pytest.approx(share[-1].item())

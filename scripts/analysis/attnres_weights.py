@@ -12,6 +12,11 @@ the last source (the previous sublayer's output in Full AttnRes; the partial sum
 Block AttnRes). A model whose ratios stay near 1 trained its sublayers on a plain depth average and left the
 learned depth attention unused.
 
+alpha mixes sources of different sizes (the values are the raw outputs and block sums; only the keys are
+RMS-normalised), so a weight is not a contribution: beside alpha the tool reports each source's share
+alpha_i ||v_i|| / sum_j alpha_j ||v_j|| per token (the norm-weighted share), which at initialisation is each
+source's norm over their sum.
+
 Every sentence is its own batch (no padding positions enter the statistics). The model is the checkpoint's, in
 evaluation mode (no dropout), teacher-forced on the reference (translation) or the text (language models).
 
@@ -37,7 +42,8 @@ from analysis_common import (
 
 class Collector:
     """Wraps ``read`` of every AttentionResiduals module of a model (an instance attribute, removed by close):
-    per stack and query, the sum over tokens of alpha on each source and of the entropy ratio."""
+    per stack and query, the sum over tokens of alpha on each source, of its norm-weighted share and of the
+    entropy ratio."""
 
     def __init__(self, model: torch.nn.Module):
         from fairseq_plugins.modules.attn_res import AttentionResiduals
@@ -54,10 +60,16 @@ class Collector:
         def wrapped(index, state):
             alpha = module.weights(index, state).double()  # (tokens, sources)
             n = alpha.shape[-1]
+            values = [*state.blocks, *([] if state.partial is None else [state.partial])]
+            norms = torch.stack([v.reshape(alpha.shape[0], -1).double().norm(dim=-1) for v in values], -1)
+            weighted = alpha * norms
+            share = weighted / weighted.sum(-1, keepdim=True).clamp_min(1e-300)
             entropy = -(alpha * alpha.clamp_min(1e-300).log()).sum(-1)
             s = self.stats.setdefault((stack, index), {"sum": torch.zeros(n, dtype=torch.float64), "tokens": 0,
+                                                       "share": torch.zeros(n, dtype=torch.float64),
                                                        "entropy": 0.0, "block": module.block_size})  # fmt: skip
             s["sum"] += alpha.sum(0)
+            s["share"] += share.sum(0)
             s["tokens"] += alpha.shape[0]
             s["entropy"] += (entropy / math.log(n)).sum().item() if n > 1 else float(alpha.shape[0])
             return read(index, state)
@@ -67,12 +79,14 @@ class Collector:
     def rows(self) -> list[dict]:
         out = []
         for (stack, index), s in self.stats.items():  # the order of the first pass: encoder, then decoder
-            mean = s["sum"] / s["tokens"]
+            mean, share = s["sum"] / s["tokens"], s["share"] / s["tokens"]
             last = index == self.units[stack].num_sublayers
             out.append({"stack": stack, "query": "out" if last else index + 1, "block_size": s["block"],
                         "sources": len(mean), "uniform": 1 / len(mean), "embedding": mean[0].item(),
                         "newest": mean[-1].item(), "entropy_ratio": s["entropy"] / s["tokens"],
-                        "weights": [round(w, 6) for w in mean.tolist()]})  # fmt: skip
+                        "embedding_share": share[0].item(), "newest_share": share[-1].item(),
+                        "weights": [round(w, 6) for w in mean.tolist()],
+                        "shares": [round(w, 6) for w in share.tolist()]})  # fmt: skip
         return out
 
     def close(self):
@@ -90,13 +104,14 @@ def measure(model: torch.nn.Module, batches) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Per stack, over its queries with more than one source: the mean entropy ratio, and the mean weight on the
-    embedding and on the newest source beside the uniform weight they started at."""
+    """Per stack, over its queries with more than one source: the mean entropy ratio, and the mean weight and
+    norm-weighted share of the embedding and of the newest source beside the uniform weight they started at."""
     out = {}
     for stack in dict.fromkeys(r["stack"] for r in rows):
         rs = [r for r in rows if r["stack"] == stack and r["sources"] > 1]
         out[stack] = {"queries": len(rs), **{key: sum(r[key] for r in rs) / len(rs)
-                      for key in ("entropy_ratio", "embedding", "newest", "uniform")}}  # fmt: skip
+                      for key in ("entropy_ratio", "embedding", "newest", "embedding_share", "newest_share",
+                                  "uniform")}}  # fmt: skip
     return out
 
 
@@ -128,13 +143,14 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> dict:
     args, rows, header = measure_checkpoint(build_parser(), argv, measure)
     result = {**header, "stacks": summary(rows)}
-    write_csv(with_suffix(args.out, ".csv"), [{k: v for k, v in r.items() if k != "weights"} for r in rows])
+    write_csv(with_suffix(args.out, ".csv"), [{k: v for k, v in r.items() if k not in ("weights", "shares")} for r in rows])
     write_json(with_suffix(args.out, ".json"), {**result, "per_query": rows})
     plot(rows, with_suffix(args.out, ".png"))
     for stack, s in result["stacks"].items():
         print(f"{stack}: {s['queries']} queries, {result['sentences']} sentences: entropy ratio {s['entropy_ratio']:.3f} "
               f"(1 = uniform), mean weight on the embedding {s['embedding']:.3f} and on the newest source "
-              f"{s['newest']:.3f} (uniform {s['uniform']:.3f})")  # fmt: skip
+              f"{s['newest']:.3f} (uniform {s['uniform']:.3f}); norm-weighted shares {s['embedding_share']:.3f} and "
+              f"{s['newest_share']:.3f}")  # fmt: skip
     return result
 
 
