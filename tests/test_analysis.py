@@ -13,7 +13,8 @@ from .helpers import REPO, run, train_command
 
 sys.path.insert(0, str(REPO / "scripts" / "analysis"))
 
-TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients", "attnres_weights"]
+TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients", "attnres_weights",
+         "mudd_weights"]
 
 
 def tool(name: str):
@@ -60,6 +61,8 @@ def test_scripts_run_as_files():
         ("mhc_coefficients", ["/no/such.pt", "--data", ".", "--sentences", "0"], "--sentences must be an integer in [1, 100000]"),
         ("attnres_weights", ["/no/such.pt", "--data", "."], "does not exist"),
         ("attnres_weights", ["/no/such.pt", "--data", ".", "--sentences", "-1"], "--sentences must be an integer in [1, 100000]"),
+        ("mudd_weights", ["/no/such.pt", "--data", "."], "does not exist"),
+        ("mudd_weights", ["/no/such.pt", "--data", ".", "--sentences", "0"], "--sentences must be an integer in [1, 100000]"),
     ],
 )
 def test_bad_options_are_refused_by_name(name, argv, message, capsys):
@@ -406,3 +409,86 @@ def test_attnres_weights_and_shares_against_float64(block_size):
         assert r["weights"] == pytest.approx(alpha.tolist(), abs=2e-6)
         assert r["shares"] == pytest.approx(share.tolist(), abs=2e-6)
         assert r["embedding_share"] == pytest.approx(share[0].item()) and r["newest_share"] == pytest.approx(share[-1].item())
+
+
+def test_mudd_weights_at_initialisation_read_the_current_output():
+    """The training code's init (W2 = 0, a_i = 1 at j = i): every way of every connection is X_i, so the current
+    weight is 1, the embedding's and earlier outputs' weight and share 0, and the weights do not vary by token."""
+    from .helpers import build_model, random_batch
+
+    model = build_model("mudd_iwslt_e6d6")
+    src, lengths, prev = random_batch(model)
+    rows = tool("mudd_weights").measure(model, [{"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}])
+    per_stack = [(c, w) for c in range(1, 6) for w in "QKVR"] + [("out", "R")]
+    assert [(r["stack"], r["connection"], r["way"]) for r in rows] == [
+        (stack, c, w) for stack in ("encoder", "decoder") for c, w in per_stack
+    ]
+    for r in rows:
+        expected = [0.0] * (r["sources"] - 1) + [1.0]
+        assert r["weights"] == pytest.approx(expected, abs=1e-6) and r["current"] == pytest.approx(1.0)
+        assert r["embedding"] == r["older_abs"] == r["older_share"] == 0.0 and r["token_std"] == pytest.approx(0, abs=1e-6)
+    for ways in tool("mudd_weights").summary(rows).values():
+        assert list(ways) == ["Q", "K", "V", "R"] and ways["R"]["connections"] == 6
+    with pytest.raises(ValueError, match="no MUDD connections"):
+        tool("mudd_weights").measure(build_model("transformer_preln_iwslt_e6d6"), [])
+
+
+def test_mudd_weights_against_float64():
+    """Per connection and way, the tool's mean A, its spread over tokens, the weight on earlier outputs and their
+    norm-weighted share equal eq. 5's A_i = GELU(RMSNorm(X_i) W1) W2 + a_i computed per token in float64, with
+    trained (random) parameters."""
+    import torch.nn.functional as F
+
+    from fairseq_plugins.modules.muddformer import MultiwayDenseConnections
+
+    from .new_ideas_common import DIM, random_input, randomize_
+    from .test_new_muddformer import L, block, layer_weights
+
+    mudd = MultiwayDenseConnections(DIM, L).double()
+    randomize_(mudd)
+    holder = torch.nn.Module()
+    holder.stack = torch.nn.Module()
+    holder.stack.mudd = mudd
+    collector = tool("mudd_weights").Collector(holder)
+    weights, x = layer_weights(L), random_input(3, 2, DIM)
+    expected = []
+    with torch.no_grad():
+        state, ways = mudd.start(x)
+        outs = [x]
+        for i in range(1, L + 1):
+            out = block(ways, weights[i - 1])
+            outs.append(out)
+            conn = mudd.connections[i - 1]
+            tokens = [(t, b) for t in range(x.shape[0]) for b in range(x.shape[1])]
+            a = torch.stack([(F.gelu((outs[i][t, b] / torch.sqrt((outs[i][t, b] ** 2).mean() + 1e-6)) @ conn.w1) @ conn.w2)
+                             .view(conn.ways, i + 1) + conn.static for t, b in tokens])  # (tokens, ways, sources)
+            norms = torch.stack([torch.stack([outs[j][t, b].norm() for j in range(i + 1)]) for t, b in tokens])
+            weighted = a.abs() * norms.unsqueeze(1)
+            expected.append((a.mean(0), a.std(0, unbiased=False), a[..., :i].abs().sum(-1).mean(0),
+                             (weighted[..., :i].sum(-1) / weighted.sum(-1)).mean(0)))  # fmt: skip
+            ways = mudd(i, state, out)
+    rows = collector.rows()
+    collector.close()
+    assert [(r["connection"], r["way"]) for r in rows] == [(c, w) for c in range(1, L) for w in "QKVR"] + [("out", "R")]
+    for r in rows:
+        i = L if r["connection"] == "out" else r["connection"]
+        c = "QKVR".index(r["way"]) if i < L else 0
+        mean, std, older, share = (e[c] for e in expected[i - 1])
+        assert r["weights"] == pytest.approx(mean.tolist(), abs=2e-6)
+        assert r["token_stds"] == pytest.approx(std.tolist(), abs=2e-6)
+        assert r["older_abs"] == pytest.approx(older.item()) and r["older_share"] == pytest.approx(share.item())
+        assert r["current"] == pytest.approx(mean[i].item()) and r["embedding"] == pytest.approx(mean[0].item())
+    assert "forward" not in mudd.connections[0].__dict__  # close() unwrapped the connections
+
+
+def test_mudd_weights_reads_a_trained_checkpoint(corpus_bin, tmp_path):
+    save = tmp_path / "mudd"
+    run(train_command(corpus_bin, save, "mudd_iwslt_e6d6", max_update=3))
+    result = tool("mudd_weights").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
+                                        "--sentences", "5", "--out", str(tmp_path / "mw")])  # fmt: skip
+    outputs(tmp_path / "mw")
+    assert result["sentences"] == 5 and list(result["stacks"]) == ["encoder", "decoder"]
+    rows = read_csv(tmp_path / "mw.csv")
+    assert len(rows) == 2 * (5 * 4 + 1) and rows[-1]["connection"] == "out" and "weights" not in rows[0]
+    per_connection = json.loads((tmp_path / "mw.json").read_text())["per_connection"]
+    assert all(len(r["weights"]) == r["sources"] and 0 <= r["older_share"] <= 1 for r in per_connection)
