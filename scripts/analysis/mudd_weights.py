@@ -111,8 +111,8 @@ def measure(model: torch.nn.Module, batches) -> list[dict]:
 
 def summary(rows: list[dict]) -> dict:
     """Per stack and way, the means over its connections of the current and embedding weights (1 and 0 at
-    initialisation, the embedding's only from the second connection on), the weight and norm-weighted share of
-    earlier outputs and the weights' spread over tokens (all 0 at initialisation)."""
+    initialisation), the weight and norm-weighted share of earlier outputs and the weights' spread over tokens
+    (all 0 at initialisation)."""
     out = {}
     for stack in dict.fromkeys(r["stack"] for r in rows):
         out[stack] = {}
