@@ -162,11 +162,15 @@ def measure_checkpoint(parser, argv, measure) -> tuple:
     return args, rows, {"checkpoint": args.checkpoint.name, "subset": args.subset, "sentences": len(batches)}
 
 
-def observe(model, batches, collector) -> list[dict]:
+def observe(model, batches, collector, missing: str | None = None) -> list[dict]:
     """Teacher-forced passes of ``model`` (eval mode, no autograd) over ``batches`` (``net_input`` dicts) with
-    ``collector``'s hooks on; returns ``collector.rows()``, its hooks removed whatever happens."""
+    ``collector``'s hooks on; returns ``collector.rows()``, its hooks removed whatever happens. With ``missing``,
+    a collector that found no units (``collector.units`` empty) raises ValueError(missing) instead."""
     import torch
 
+    if missing is not None and not collector.units:
+        collector.close()
+        raise ValueError(missing)
     model.eval()
     try:
         with torch.no_grad():

@@ -96,11 +96,7 @@ class Collector:
 
 def measure(model: torch.nn.Module, batches) -> list[dict]:
     """Per stack and query of ``model``'s AttnRes, the statistics over ``batches`` (``net_input`` dicts)."""
-    collector = Collector(model)
-    if not collector.units:
-        collector.close()
-        raise ValueError("the model has no Attention Residuals (--depth-aggregation attnres or attnres-block)")
-    return observe(model, batches, collector)
+    return observe(model, batches, Collector(model), missing="the model has no Attention Residuals (--depth-aggregation attnres or attnres-block)")
 
 
 def summary(rows: list[dict]) -> dict:

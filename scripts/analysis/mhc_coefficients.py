@@ -77,11 +77,7 @@ class Collector:
 
 def measure(model: torch.nn.Module, batches) -> list[dict]:
     """Per mHC unit of ``model``, the statistics over ``batches`` (fairseq samples' ``net_input`` dicts)."""
-    collector = Collector(model)
-    if not collector.units:
-        collector.close()
-        raise ValueError("the model has no mHC or mHC-lite unit (--depth-aggregation mhc or mhc-lite)")
-    return observe(model, batches, collector)
+    return observe(model, batches, Collector(model), missing="the model has no mHC or mHC-lite unit (--depth-aggregation mhc or mhc-lite)")
 
 
 def summary(rows: list[dict]) -> dict:

@@ -102,11 +102,7 @@ class Collector:
 
 def measure(model: torch.nn.Module, batches) -> list[dict]:
     """Per stack, connection and way of ``model``'s MUDD connections, the statistics over ``batches``."""
-    collector = Collector(model)
-    if not collector.units:
-        collector.close()
-        raise ValueError("the model has no MUDD connections (a mudd_* architecture)")
-    return observe(model, batches, collector)
+    return observe(model, batches, Collector(model), missing="the model has no MUDD connections (a mudd_* architecture)")
 
 
 def summary(rows: list[dict]) -> dict:
