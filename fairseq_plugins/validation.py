@@ -6,7 +6,11 @@ the Python API (called again in ``build_model``, since ``from_pretrained`` and o
 """
 
 import argparse
+import functools
 import math
+import operator
+import os
+import sys
 from collections.abc import Callable, Iterable
 
 
@@ -14,29 +18,69 @@ class PluginOptionError(ValueError):
     """A plugin option has a value outside its allowed range or set."""
 
 
+TRACEBACK_VARIABLE = "FAIRSEQ_PLUGINS_TRACEBACK"
+
+
+def report_option_error(kind, error, traceback, fallback=None) -> None:
+    """sys.excepthook: an uncaught PluginOptionError ends the program as argparse's errors do (``PROG: error:
+    MESSAGE``, no traceback); every other exception, and every one with FAIRSEQ_PLUGINS_TRACEBACK=1, goes to
+    the hook that was installed before. fairseq catches nothing around build_model, where the checks that need
+    every option at once (incompatible choices, depths, widths) run, so without this they end in a traceback
+    that says nothing the message does not."""
+    if issubclass(kind, PluginOptionError) and os.environ.get(TRACEBACK_VARIABLE, "") in ("", "0"):
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return
+    (fallback or sys.__excepthook__)(kind, error, traceback)
+
+
+def install_error_report() -> None:
+    """Install report_option_error as sys.excepthook once, chaining to the hook found there."""
+    if getattr(sys.excepthook, "func", None) is report_option_error:
+        return
+    previous = sys.excepthook
+    hook = functools.partial(report_option_error, fallback=previous)
+    sys.excepthook = hook
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def check_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
-    """Return ``value`` as float if low <(=) value <= high, else raise naming ``--name``."""
+    """Return ``value`` as float if low <(=) value <= high and finite (``high`` may be inf: no upper bound),
+    else raise naming ``--name``."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         raise PluginOptionError(f"{_flag(name)} must be a number, got {value!r}") from None
     below = value <= low if low_open else value < low
-    if below or value > high or math.isnan(value):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    if below or value > high or not math.isfinite(value):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if math.isinf(high) else ']'}"
         raise PluginOptionError(f"{_flag(name)} must be in {interval}, got {value:g}")
     return value
+
+
+def _as_int(value) -> int:
+    """An int from an int, an integral finite float or a decimal string (of any size); else ValueError or
+    TypeError."""
+    if isinstance(value, bool):  # True is an int to Python, not a count to a user
+        raise TypeError
+    if isinstance(value, str):
+        return int(value.strip())
+    try:
+        return operator.index(value)
+    except TypeError:
+        number = float(value)
+    if not number.is_integer():
+        raise ValueError
+    return int(number)
 
 
 def check_int(name: str, value, low: int, high: int) -> int:
     """Return ``value`` as int if low <= value <= high, else raise naming ``--name``."""
     try:
-        as_int = int(value)
-        if as_int != float(value):
-            raise ValueError
+        as_int = _as_int(value)
     except (TypeError, ValueError):
         raise PluginOptionError(f"{_flag(name)} must be an integer, got {value!r}") from None
     if not low <= as_int <= high:

@@ -35,7 +35,7 @@ def test_checkpointed_layers_give_the_same_gradients(arch):
 @pytest.mark.parametrize("arch", sorted(SHARED_STATE))
 @pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
 def test_shared_state_refuses_checkpointing(arch, flag):
-    with pytest.raises(PluginOptionError, match=f"--checkpoint-activations cannot be used with {SHARED_STATE[arch]}"):
+    with pytest.raises(PluginOptionError, match=f"{flag} cannot be used with {SHARED_STATE[arch]}"):
         build_model(arch, [*DEPTH, flag])
 
 

@@ -219,6 +219,19 @@ def test_option_errors_name_the_option(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("arch", "extra", "message"), [
+    ("residual_axes", ["--layerscale-init", "0.5"], "--layerscale-init applies only with --residual layerscale"),
+    ("residual_axes", ["--mix-ln-alpha", "0.5"], "--mix-ln-alpha applies only with --residual mix,"),
+    ("hybridnorm_star_e6d6", ["--residual", "peri"],
+     "--hybrid-first-layer applies only with --residual hybrid, and the model has --residual peri: it would be ignored"),
+    ("mhc_e6d6", ["--attnres-block-size", "4"],
+     "--attnres-block-size applies only with --depth-aggregation attnres or attnres-block"),
+])  # fmt: skip
+def test_an_option_of_a_choice_not_made_is_refused(arch, extra, message):
+    with pytest.raises(PluginOptionError, match=message):
+        build_model(arch, [*SHAPE, *extra])
+
+
 @pytest.mark.parametrize(("extra", "names"), [
     (["--residual", "hybrid", "--tying", "key-query"], ("--residual hybrid", "--tying key-query")),
     (["--residual", "rezero", "--depth-aggregation", "dca"], ("--residual rezero", "--depth-aggregation dca")),
@@ -269,6 +282,8 @@ def test_value_residual_mixes_the_first_layers_values_in_every_stack():
     (["--tying", "value"], "--value-residual both cannot be combined with --tying value: "),
     (["--residual", "hybrid"], "--value-residual both cannot be combined with --residual hybrid: "),
     (["--value-residual-mode", "token", "--value-residual-cross"], "--value-residual-cross cannot be used with"),
+    (["--encoder-layerdrop", "0.5"], "--encoder-layerdrop cannot be used with --value-residual both: "),
+    (["--decoder-layerdrop", "0.5"], "--decoder-layerdrop cannot be used with --value-residual both: "),
 ])  # fmt: skip
 def test_value_residual_refusals(extra, message):
     with pytest.raises(PluginOptionError, match=message):
@@ -320,6 +335,14 @@ def test_attnres_reads_the_uniform_average_of_its_sources_at_init(family):
     assert len(reads) == (4 * 2 + 1) + (4 * 3 + 1)
     for out, mean in reads:
         torch.testing.assert_close(out, mean)
+
+
+@pytest.mark.parametrize("family", ["attnres", "attnres_block", "mudd"])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_aggregating_over_no_layers_is_refused_by_the_layers_option(family, side):
+    choice = family.replace("_", "-")
+    with pytest.raises(PluginOptionError, match=f"--{side}-layers must be at least 1 with --depth-aggregation {choice}, got 0"):
+        build_model(f"{family}_e6d6", [*SHAPE, f"--{side}-layers", "0"])
 
 
 def test_attnres_block_size_errors():

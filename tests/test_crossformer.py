@@ -252,7 +252,7 @@ def test_bad_model_options_are_rejected_at_parse_time_and_by_build_model(option,
 
 def test_negative_guidance_weight_is_rejected_when_the_criterion_is_built():
     args = parse_model_args("crossformer_sg_e6d6", [*CRITERION, "--guidance-weight", "-0.1"])
-    with pytest.raises(PluginOptionError, match=r"--guidance-weight must be in \[0, inf\], got -0.1"):
+    with pytest.raises(PluginOptionError, match=r"--guidance-weight must be in \[0, inf\), got -0.1"):
         build_criterion(args, TinyTask())
 
 

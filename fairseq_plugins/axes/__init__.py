@@ -106,8 +106,9 @@ def refuse_checkpointing(args, who: str, why: str) -> None:
     turns into it) for a choice whose layers read and extend a state the stack passes between them: fairseq's
     checkpoint_wrapper recomputes one layer's forward in backward, and that state does not survive it (the
     gradients would be wrong or the backward would fail)."""
-    if getattr(args, "checkpoint_activations", False) or getattr(args, "offload_activations", False):
-        raise PluginOptionError(f"--checkpoint-activations cannot be used with {who}: {why}")
+    for option in ("offload_activations", "checkpoint_activations"):  # the one given (offload implies checkpoint)
+        if getattr(args, option, False):
+            raise PluginOptionError(f"--{option.replace('_', '-')} cannot be used with {who}: {why}")
 
 
 def set_defaults(args, values: dict) -> None:
@@ -174,6 +175,24 @@ def check_compatible(plan: Plan) -> None:
                 reason = first.conflict(second) if hasattr(first, "conflict") else None
                 if reason:
                     refuse(first, second, reason)
+
+
+def check_unused_options(args, plan: Plan) -> None:
+    """Refuse an option (from the command line or a preset) that only a choice the model does not make reads:
+    the model would be built without it, silently."""
+    used = {option.name for choice in plan.choices() for option in choice.options}
+    for axis, table in tables().items():
+        owners: dict[str, list[str]] = {}
+        for choice in table.values():
+            for option in choice.options:
+                if option.name not in used and getattr(args, option.name, None) not in (None, False):  # False: off
+                    owners.setdefault(option.name, []).append(choice.name)
+        for name, choices in owners.items():
+            flag = "--" + axis.replace("_", "-")
+            raise PluginOptionError(
+                f"--{name.replace('_', '-')} applies only with {flag} {' or '.join(choices)}, and the model has "
+                f"{flag} {getattr(args, axis)}: it would be ignored; drop it or choose one of those"
+            )
 
 
 PART_NAMES = {

@@ -41,6 +41,7 @@ class Aggregation(Choice):
     family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
     own_layers = False  # True: builds its own Pre-LN layers (needs --residual pre)
     pinned: tuple[str, str] | None = None  # (option, value) the choice's name sets: LAuReL's variant, HC's mode
+    min_layers = 0  # a stack with fewer layers has nothing to aggregate over (its modules refuse to build)
 
     @classmethod
     def who(cls) -> str:
@@ -61,6 +62,12 @@ class Aggregation(Choice):
     @classmethod
     def check(cls, args) -> None:
         check_position_indexed(args, cls.who())
+        for side in ("encoder", "decoder"):
+            layers = getattr(args, f"{side}_layers", None)  # None: a language model has no encoder
+            if layers is not None and int(layers) < cls.min_layers:
+                raise PluginOptionError(
+                    f"--{side}-layers must be at least {cls.min_layers} with {cls.label()}, got {layers}"
+                )
         cls.check_options(args)
         if cls.pinned and getattr(args, cls.pinned[0]) != cls.pinned[1]:
             option = cls.pinned[0]

@@ -98,7 +98,7 @@ class Frac(Aggregation):
 
 class AttnRes(Aggregation):
     name, source = "attnres", "Attention Residuals, Full (Kimi Team, arXiv:2603.15031)"
-    owns, own_layers = frozenset({"stream", "layer"}), True
+    owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
     options = (
         Option("attnres_block_size", check_int, (1, 10_000), 1, "S",  # 1: Full AttnRes; AttnResBlock's is 6
                "Block AttnRes: sublayers per block S (default 6, the paper's Kimi Linear setting and a multiple "
@@ -136,7 +136,7 @@ class AttnResBlock(AttnRes):
 
 class MUDD(Aggregation):
     name, source = "mudd", "MUDDFormer (Xiao et al., arXiv:2502.12170)"
-    owns, own_layers = frozenset({"stream", "layer"}), True
+    owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
 
     @classmethod
     def check(cls, args) -> None:

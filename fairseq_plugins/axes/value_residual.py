@@ -25,10 +25,10 @@ OPTIONS = (
     Option("value_residual", check_choice, (SIDES,), "none", "WHERE",
            "value residual (ResFormer, arXiv:2410.17897): none (default), decoder (decoder self-attention, as "
            "the paper's decoder-only models) or both (encoder self-attention too)"),
-    Option("value_residual_mode", check_choice, (MODES,), "identity", "MODE",
+    Option("value_residual_mode", check_choice, (tuple(m for m in MODES if m != "constant"),), "identity", "MODE",
            "identity (default: lambda = 0.5, 0.5, the paper and the authors' code), learnable "
            "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); "
-           "constant needs lambdas and is available on the module only"),
+           "(the module's constant needs lambdas, so it is not an option)"),
     Option("value_residual_cross", check_bool, (), False, "BOOL",
            "also mix decoder layer 1's cross-attention values into later layers' (default false: the paper "
            "has no cross-attention); not with --value-residual-mode token", const=True),
@@ -54,6 +54,12 @@ def check(args, plan) -> None:
     label = f"--value-residual {args.value_residual}"
     refuse_checkpointing(args, label, "every layer mixes in the first layer's values v_1, which the stack passes "
                          "between layers and a recomputed layer does not see")  # fmt: skip
+    for side in ("decoder", "encoder") if args.value_residual == "both" else ("decoder",):
+        if (getattr(args, f"{side}_layerdrop", 0) or 0) > 0:
+            raise PluginOptionError(
+                f"--{side}-layerdrop cannot be used with {label}: a dropped first layer leaves the later layers "
+                f"without the values v_1 they mix in; use --{side}-layerdrop 0"
+            )
     if args.value_residual_cross and args.value_residual_mode == "token":
         raise PluginOptionError(
             "--value-residual-cross cannot be used with --value-residual-mode token: its gate is indexed by "

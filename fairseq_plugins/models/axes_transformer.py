@@ -131,6 +131,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         axes.check_compatible(plan)  # first: a refused pair is named as such, not by one choice's own checks
         for choice in plan.choices():
             choice.check(args)
+        axes.check_unused_options(args, plan)
         value_residual.check(args, plan)
         args.guidance = check_soft_guidance("guidance", args.guidance)
         args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, GUIDANCE_NORMS)
