@@ -27,8 +27,8 @@ OPTIONS = (
            "the paper's decoder-only models) or both (encoder self-attention too)"),
     Option("value_residual_mode", check_choice, (tuple(m for m in MODES if m != "constant"),), "identity", "MODE",
            "identity (default: lambda = 0.5, 0.5, the paper and the authors' code), learnable "
-           "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); "
-           "(the module's constant needs lambdas, so it is not an option)"),
+           "(Learnable-ResFormer, init 0.5, 0.5) or token (x-transformers' per-token gate, not in the paper); the "
+           "module's constant mode needs lambdas and is not an option"),
     Option("value_residual_cross", check_bool, (), False, "BOOL",
            "also mix decoder layer 1's cross-attention values into later layers' (default false: the paper "
            "has no cross-attention); not with --value-residual-mode token", const=True),
