@@ -60,6 +60,10 @@ def test_crossformer_hg_guidance_still_names_the_tied_blocks():
     model = build_model("crossformer_hg_e6d6", ["--guidance", "key-query,ffn", *SHAPE])
     blocks = {p.block for side in ("encoder", "decoder") for p in model.tied_pairs[side]}
     assert blocks == {"key-query", "ffn"}
+    axes_model = build_model("residual_axes", ["--tying", "ffn,key-query", *SHAPE])  # the axis takes the list too
+    assert {p.block for side in ("encoder", "decoder") for p in axes_model.tied_pairs[side]} == blocks
+    count = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in axes_model.parameters()) == count
 
 
 @pytest.mark.parametrize(("extra", "names"), [

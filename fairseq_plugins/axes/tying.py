@@ -17,6 +17,7 @@ guidance (the regulariser of eq. 1-2, ``--guidance``/``--guidance-norm`` and the
 configuration (models/axes_transformer.py).
 """
 
+from ..validation import PluginOptionError
 from . import Choice
 
 
@@ -54,6 +55,21 @@ class All(Tying):
 
 
 TYINGS: dict[str, type[Tying]] = {c.name: c for c in (NoTying, KeyQuery, FFN, Value, All)}
+
+
+def check_tying(name: str, value) -> str:
+    """A choice's name, or a comma list of distinct blocks; else PluginOptionError naming ``--tying``."""
+    from ..models.crossformer import BLOCKS, check_guidance
+
+    if value in TYINGS:
+        return value
+    try:
+        return check_guidance(name, value)
+    except PluginOptionError:
+        raise PluginOptionError(
+            f"--{name} must be one of {', '.join(TYINGS)}, or a comma list of distinct blocks from "
+            f"{', '.join(BLOCKS)}; got {value!r}"
+        ) from None
 
 
 def combined_tying(value: str) -> type[Tying]:

@@ -32,6 +32,7 @@ from torch import Tensor
 from .. import axes
 from ..axes import norm as norm_axis
 from ..axes import value_residual
+from ..axes.tying import check_tying
 from ..modules.cross_layer_guidance import (
     NORMS as GUIDANCE_NORMS,
 )
@@ -72,9 +73,12 @@ def add_axis_args(parser) -> None:
     }
     for axis, table in axes.tables().items():
         sources = "; ".join(f"{name}: {choice.source}" for name, choice in table.items())
+        check, more = argparse_type(check_choice, axis, tuple(table)), ""
+        if axis == "tying":  # a comma list of blocks too, as resolve() and crossformer_hg's --guidance take it
+            check, more = argparse_type(check_tying, axis), ", or a comma list of them (key-query,ffn)"
         parser.add_argument(
-            "--" + axis.replace("_", "-"), type=argparse_type(check_choice, axis, tuple(table)), metavar="CHOICE",
-            help=f"{helps[axis]}; one of {', '.join(table)} ({sources}). Axes: docs/axes.md",
+            "--" + axis.replace("_", "-"), type=check, metavar="CHOICE",
+            help=f"{helps[axis]}; one of {', '.join(table)}{more} ({sources}). Axes: docs/axes.md",
         )  # fmt: skip
     added = set()  # variants share their parent's options (the LAuReL and HC variants, dca-k): add them once
     for table in axes.tables().values():
