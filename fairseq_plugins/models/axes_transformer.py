@@ -75,7 +75,7 @@ def add_axis_args(parser) -> None:
         sources = "; ".join(f"{name}: {choice.source}" for name, choice in table.items())
         check, more = argparse_type(check_choice, axis, tuple(table)), ""
         if axis == "tying":  # a comma list of blocks too, as resolve() and crossformer_hg's --guidance take it
-            check, more = argparse_type(check_tying, axis), ", or a comma list of them (key-query,ffn)"
+            check, more = argparse_type(check_tying, axis), ", or a comma list of blocks (key-query,ffn)"
         parser.add_argument(
             "--" + axis.replace("_", "-"), type=check, metavar="CHOICE",
             help=f"{helps[axis]}; one of {', '.join(table)}{more} ({sources}). Axes: docs/axes.md",
