@@ -284,6 +284,14 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     assert "(epoch 3 @ 2 updates)" in log  # the interrupted run continued from its checkpoint_last.pt
     curves = study_common.read_curves(hooked[0] / "train.log")
     assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
+    # every attempt records where it ran and from what; the resumed one, the update it continued from
+    provenance = json.loads((hooked[0] / "provenance.json").read_text())
+    assert [a["attempt"] for a in provenance] == [1, 2]
+    assert provenance[0]["resumed_from"] is None and provenance[1]["resumed_from"] == {"checkpoint": "checkpoint_last.pt", "update": 2}
+    for attempt in provenance:
+        assert attempt["commit"] == study_common.git_commit(REPO) and attempt["machine"]["threads"] >= 1
+        assert attempt["machine"]["cpu"] and attempt["machine"]["cores"] >= 1 and "avx512" in attempt["machine"]
+        assert set(attempt["versions"]) == {"torch", "fairseq", "sacrebleu", "python"}
 
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(results["runs"]) == 4 and all(r["updates"] == 4 for r in results["runs"])

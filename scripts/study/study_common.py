@@ -38,6 +38,7 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -349,6 +350,18 @@ def early_stop(valid: list[tuple[int, float, float]], patience: int) -> int | No
     return None
 
 
+SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
+
+
+def last_saved_update(log_file: Path) -> int | None:
+    """The update of the last checkpoint fairseq saved according to a run's log (every save writes
+    checkpoint_last.pt), i.e. where a resumed attempt continues from; None without a logged save."""
+    if not log_file.is_file():
+        return None
+    found = SAVED.findall(log_file.read_text(encoding="utf-8", errors="replace"))
+    return int(found[-1]) if found else None
+
+
 def attempt_line(number: int, now: float) -> str:
     """The marker read_curves uses to separate attempts; ``now`` is a Unix time (the attempt's start)."""
     return f"{ATTEMPT}{number} started at {now:.0f}\n"
@@ -381,6 +394,38 @@ def machine() -> dict:
 
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "fairseq": fairseq.__version__,
             "sacrebleu": sacrebleu.__version__, "python": platform.python_version(), "os": platform.platform()}  # fmt: skip
+
+
+def cpu_identity() -> dict:
+    """The processor as /proc/cpuinfo names it (model name, family, model, AVX-512 or not): two machines sold under
+    one name ("AMD EPYC") differ in family and model and vector width, and the fused kernels are built per machine."""
+    fields = {"model name": "cpu", "cpu family": "family", "model": "model"}
+    out: dict = {}
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:  # the first processor's block is enough: every core of a machine is the same model
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in fields:
+            out.setdefault(fields[key], value)
+        elif key == "flags":
+            out["avx512"] = "avx512f" in value.split()
+            break
+    out.setdefault("cpu", platform.processor() or platform.machine())
+    return out
+
+
+def git_commit(repo: Path) -> str:
+    """HEAD of the checkout the runs come from, with "+dirty" when tracked files differ from it ("unknown" outside
+    a git checkout, e.g. an installed copy)."""
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def describe_machine(info: dict) -> str:

@@ -31,8 +31,12 @@ from study_common import (
     as_dict,
     attempt_line,
     command_differences,
+    cpu_identity,
     early_stop,
     exit_text,
+    git_commit,
+    last_saved_update,
+    machine,
     portable_command,
     read_curves,
     read_lines,
@@ -102,6 +106,7 @@ class Study(Console):
         self.last_report = -1
         self.tty = sys.stdout.isatty()
         self.drawn = 0
+        self._provenance: dict | None = None
 
     def _hook(self):
         value = os.environ.get(INTERRUPT_HOOK)
@@ -262,7 +267,34 @@ class Study(Console):
         cmd = self._command(run, save_dir, extra)
         attempts = read_curves(self.run_dir(run) / "train.log")["attempts"]
         write_json(self.run_dir(run) / "command.json", {"command": portable_command(cmd, REPO)})
+        self._record_provenance(run, attempts + 1, save_dir)
         return Process(cmd, self.run_dir(run) / "train.log", self.args.threads, header=attempt_line(attempts + 1, time.time()))
+
+    def _record_provenance(self, run: Run, attempt: int, save_dir: Path) -> None:
+        """provenance.json: one entry per attempt with the commit, the machine, the thread count, the versions and,
+        for a resumed attempt, the update and checkpoint it continues from, so that the report can flag a run
+        resumed across machines or commits and a comparison whose arms ran on different machines."""
+        path = self.run_dir(run) / "provenance.json"
+        entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        resumed = None
+        if (save_dir / "checkpoint_last.pt").is_file():
+            resumed = {"checkpoint": "checkpoint_last.pt", "update": last_saved_update(self.run_dir(run) / "train.log")}
+        entries.append({"attempt": attempt, "started": _now(), "commit": self.provenance["commit"],
+                        "machine": {**self.provenance["machine"], "threads": self.args.threads},
+                        "versions": self.provenance["versions"], "resumed_from": resumed})  # fmt: skip
+        write_json(path, entries)
+
+    @property
+    def provenance(self) -> dict:
+        """What every attempt of this study process shares (computed once: it imports torch and fairseq)."""
+        if self._provenance is None:
+            info = machine()
+            self._provenance = {
+                "commit": git_commit(REPO),
+                "machine": {**cpu_identity(), "cores": info["cores"], "os": info["os"]},
+                "versions": {k: info[k] for k in ("torch", "fairseq", "sacrebleu", "python")},
+            }
+        return self._provenance
 
     @property
     def lm(self) -> bool:
