@@ -85,12 +85,15 @@ def _row(arch, loss, first, bleu, p=None, reached=0, compared=1):
 
 
 def test_reading_follows_the_numbers():
-    rows = [_row("pre", 5.2, 9.0, 20.0), _row("post", 7.9, 8.0, 3.3, [{"bleu_p": 0.001, "chrf_p": 0.001}]),
-            _row("res", 6.0, 9.5, 15.0, [{"bleu_p": 0.2, "chrf_p": 0.3}], reached=0)]  # fmt: skip
+    rows = [_row("pre", 5.2, 9.0, 20.0),
+            _row("post", 7.9, 8.0, 3.3, [{"bleu_p": 0.001, "chrf_p": 0.001, "bleu_diff": -16.7, "bleu_ci": [-18.0, -15.0]}]),
+            _row("res", 6.0, 9.5, 15.0, [{"bleu_p": 0.2, "chrf_p": 0.3, "bleu_diff": -5.0, "bleu_ci": [-9.0, 1.0]}])]  # fmt: skip
     text = study_report.reading(rows, "240 updates each")
     assert "post did not train: its valid loss stayed near 7.90 (first validation 8.00)" in text
-    assert "below pre's significantly" in text
-    assert "res reached valid loss 6.00 and 15.0 BLEU, far behind pre" in text and "not significantly (p = 0.200)" in text
+    # the words of study_claims' rules, and with one seed no "every seed"
+    assert "below pre's: the interval of the difference excludes 0 in its one seed (paired bootstrap p <= 0.001" in text
+    assert "res reached valid loss 6.00 and 15.0 BLEU, far behind pre" in text and "not shown so (p = 0.200" in text
+    assert "every seed" not in text
     assert "with one seed: it shows the early phase" in text and "there is no spread" in text
     flipped = study_report.reading([_row("pre", 6.0, 9.0, 15.0), _row("res", 5.95, 9.0, 16.0, reached=1)], "x")
     assert "within 0.1 in loss of res" in flipped and "res reached valid loss 5.95" in flipped
@@ -99,13 +102,17 @@ def test_reading_follows_the_numbers():
 
 def test_level_needs_every_interval_inside_the_margin():
     """'level' is a statement about the confidence interval, not about a large p-value."""
-    narrow = {"bleu_p": 0.6, "chrf_p": 0.5, "bleu_ci": [-0.4, 0.5], "chrf_ci": [-0.3, 0.3]}
-    wide = {"bleu_p": 0.28, "chrf_p": 0.2, "bleu_ci": [-1.6, 0.4], "chrf_ci": [-1.0, 0.3]}
+    narrow = {"bleu_p": 0.6, "chrf_p": 0.5, "bleu_diff": -0.1, "bleu_ci": [-0.4, 0.5], "chrf_ci": [-0.3, 0.3]}
+    wide = {"bleu_p": 0.28, "chrf_p": 0.2, "bleu_diff": -0.6, "bleu_ci": [-1.6, 0.4], "chrf_ci": [-1.0, 0.3]}
     base = _row("pre", 5.0, 9.0, 20.0)
     level = study_report.reading([base, _row("kq", 5.02, 9.0, 20.1, [narrow, narrow])], "x", margin=1.0)
-    assert "its BLEU is level with pre's (difference +0.10, 95% CI of the difference [-0.40, +0.50], inside ±1" in level
+    assert "its BLEU is level with pre's (difference +0.10, 95% CI of the difference [-0.40, +0.50], inside ±1 in each of its 2 seeds" in level
     open_ = study_report.reading([base, _row("kq", 5.02, 9.0, 19.4, [narrow, wide])], "x", margin=1.0)
-    assert "level with pre's" not in open_ and "not significantly (p = 0.600, 95% CI of the difference [-1.60, +0.50]" in open_
+    assert "level with pre's" not in open_ and "not shown so (p = 0.600, 95% CI of the difference [-1.60, +0.50]" in open_
+    # seeds on opposite sides are named as such
+    up = {**narrow, "bleu_diff": 0.3}
+    split = study_report.reading([base, _row("kq", 5.02, 9.0, 19.4, [up, wide])], "x", margin=0.2)
+    assert "the seeds disagree on the side of pre's BLEU it lies on" in split
     assert "reaches beyond ±1, so they are not shown level either" in open_
     assert study_stats.within([narrow], 0.5) and not study_stats.within([narrow, wide], 1.0)
 
@@ -366,6 +373,12 @@ def test_main_job_end_to_end_on_multi30k_fixtures(tmp_path):
     assert "bash recipes/main_job.sh" in results["command"]
     assert f"plots: {tmp_path / 'out' / 'curves.png'}" in proc.stdout and results["reading"] in proc.stdout
     assert "residual_iwslt_e12d12" in results["reading"] and "After 3 updates each" in results["reading"]
+    # the reading once, and with one seed no claim about "every seed"
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert md.count(results["reading"]) == 1 and proc.stdout.count(results["reading"]) == 1
+    assert "every seed" not in results["reading"] and "## Claims" in md and "## Provenance" in md
+    assert [c["system"] for c in results["claims"] if c["metric"] == "bleu"] == ["residual_iwslt_e12d12"]
+    assert results["provenance"]["flags"] == [] and len(results["provenance"]["runs"]) == 2
     assert (tmp_path / "out" / "runs").is_dir() and (tmp_path / "out" / "logs" / "prepare.log").is_file()
 
 

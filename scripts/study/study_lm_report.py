@@ -22,6 +22,7 @@ from study_report_common import (
     _trend_text,
     add_first_valid_loss,
     chosen_results,
+    claims_section,
     comparison_sections,
     comparisons_of,
     heading,
@@ -29,6 +30,7 @@ from study_report_common import (
     pair_comparisons,
     paired_groups,
     partial,
+    provenance_section,
     results_record,
     results_table,
     run_context,
@@ -106,7 +108,9 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         "in mean log-likelihood per token, their 95% intervals from the same bootstrap resamples, and the "
         f"p-value. Level: the perplexity interval lies inside ±{context['margin']:g} (LEVEL_MARGIN); a p "
         "above 0.05 alone says only that no difference was shown."), SCORE)  # fmt: skip
+    lines += claims_section(context)
     lines += runs_and_choices(context, choices)
+    lines += provenance_section(context)
     lines += ["## Plots", "", "![learning curves](curves.png)", "", "![validation perplexity](perplexity.png)", "",
               "## Reading", "", context["reading"], ""]  # fmt: skip
     return "\n".join(lines)

@@ -12,6 +12,7 @@ the choice lands on the edge of the grid.
 import shlex
 from pathlib import Path
 
+import study_claims
 import study_plots
 import study_stats
 from study_common import Run, read_lines, shown_path, write_json, write_text
@@ -23,6 +24,7 @@ from study_report_common import (
     _trend_text,
     add_first_valid_loss,
     chosen_results,
+    claims_section,
     comparison_sections,
     comparisons_of,
     heading,
@@ -30,13 +32,13 @@ from study_report_common import (
     pair_comparisons,
     paired_groups,
     partial,
+    provenance_section,
     results_record,
     results_table,
     run_context,
     runs_and_choices,
     stopping_text,
 )
-from study_stats import P_SIGNIFICANT
 
 
 def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict, started: str, env_vars: tuple,
@@ -103,7 +105,9 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
         "confidence interval of the difference from sacrebleu's paired bootstrap resamples, and its p-value. "
         f"Level: the interval lies inside ±{context['margin']:g} BLEU (LEVEL_MARGIN); a p above 0.05 alone "
         "says only that no difference was shown."), SCORE)  # fmt: skip
+    lines += claims_section(context)
     lines += runs_and_choices(context, choices)
+    lines += provenance_section(context)
     # the plots sit beside results.md: relative links keep a copied or committed study folder readable
     lines += ["## Plots", "", f"![learning curves]({Path(context['curves_png']).name})", "",
               f"![BLEU]({Path(context['bleu_png']).name})", "",
@@ -112,6 +116,8 @@ def markdown(rows: list[dict], choices: dict, context: dict) -> str:
 
 
 def _bleu_text(r: dict, base: dict, margin: float | None) -> str:
+    """The comparison's words, by the rules of study_claims (the words a README may cite), over the seeds that
+    have a comparison: with one seed the sentence says so instead of "every seed"."""
     found = [p for p in r["p_values"] if p]
     if not found:
         return ""
@@ -119,14 +125,20 @@ def _bleu_text(r: dict, base: dict, margin: float | None) -> str:
     diff = r["bleu"] - base["bleu"]
     ci = _envelope(found, "bleu")
     ci_text = f", 95% CI of the difference {_ci_text(ci)}" if ci else ""
-    if margin is not None and ci is not None and study_stats.within(found, margin):
+    seeds = "in its one seed" if len(found) == 1 else f"in each of its {len(found)} seeds"
+    intervals = {i: (p["bleu_diff"], *p["bleu_ci"]) for i, p in enumerate(found)}
+    word = study_claims.classify(intervals, margin if margin is not None else 0.0)
+    if word == "level" and margin is not None:
         return (f"; its BLEU is level with {base['arch']}'s (difference {diff:+.2f}{ci_text}, inside ±{margin:g} "
-                "in every seed)")  # fmt: skip
-    if worst < P_SIGNIFICANT:
-        return (f"; its BLEU is {'above' if diff > 0 else 'below'} {base['arch']}'s significantly (paired bootstrap "
-                f"p <= {worst:.3f} in every seed{ci_text})")  # fmt: skip
+                f"{seeds})")  # fmt: skip
+    if word in ("ahead", "behind"):
+        return (f"; its BLEU is {'above' if word == 'ahead' else 'below'} {base['arch']}'s: the interval of the "
+                f"difference excludes 0 {seeds} (paired bootstrap p <= {worst:.3f}{ci_text})")  # fmt: skip
+    if word == "seeds-disagree":
+        return (f"; the seeds disagree on the side of {base['arch']}'s BLEU it lies on (mean difference {diff:+.2f}, "
+                f"p up to {worst:.3f}{ci_text})")  # fmt: skip
     beyond = f"; the interval reaches beyond ±{margin:g}, so they are not shown level either" if ci and margin else ""
-    return (f"; its BLEU is {'above' if diff > 0 else 'below'} {base['arch']}'s but not significantly "
+    return (f"; its BLEU is {'above' if diff > 0 else 'below'} {base['arch']}'s but not shown so "
             f"(p = {worst:.3f}{ci_text}{beyond})")  # fmt: skip
 
 

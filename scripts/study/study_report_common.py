@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import study_claims
 import study_stats
 from study_common import as_dict, command_line, describe_machine, portable_command
 from study_stats import _chosen, _fmt
@@ -135,6 +136,7 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
         "falling_last": args.falling_last, "falling_slope": args.falling_slope,
         "missing": [run.label for run in missing], "report_only": args.report_only, "comparisons": comparisons,
         "runs": list(results.items()),
+        "provenance": provenance(study, results),
     }  # fmt: skip
 
 
@@ -165,10 +167,95 @@ def results_record(args, study, context: dict, info: dict, settings: dict, data:
         "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
         "comparisons": context["comparisons"],
+        "claims": claims(context),
+        "provenance": context["provenance"],
         "runs": [{**as_dict(run), "name": run.name,
                   "command": portable_command(json.loads((study.run_dir(run) / "command.json").read_text())["command"], repo),
                   **{k: v for k, v in r.items() if k != without}} for run, r in results.items()],
     }  # fmt: skip
+
+
+MACHINE_KEYS = ("cpu", "family", "model", "avx512", "cores")  # what makes two machines one type for a comparison
+
+
+def _machine_type(entry: dict) -> str:
+    machine = entry.get("machine", {})
+    return ", ".join(f"{k} {machine[k]}" for k in MACHINE_KEYS if k in machine)
+
+
+def provenance(study, results: dict) -> dict:
+    """Each run's attempts from its provenance.json (study_run.Study._record_provenance), and the flags the
+    report raises: a run resumed across machines or commits, and a comparison (a run and the baseline's run of
+    the same variant and seed) whose arms ran on different machine types. Runs trained before the tool recorded
+    provenance are listed as unrecorded, not flagged."""
+    attempts, flags, unrecorded = {}, [], []
+    for run in results:
+        path = study.run_dir(run) / "provenance.json"
+        if not path.is_file():
+            unrecorded.append(run.name)
+            continue
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        attempts[run.name] = entries
+        machines = {_machine_type(e) for e in entries}
+        commits = {e.get("commit") for e in entries}
+        if len(machines) > 1:
+            flags.append(f"{run.name} resumed across machines ({'; '.join(sorted(machines))})")
+        if len(commits) > 1:
+            flags.append(f"{run.name} resumed across commits ({', '.join(sorted(map(str, commits)))})")
+    archs = list(dict.fromkeys(run.arch for run in results))
+    for run in results:
+        if run.arch == archs[0] or run.name not in attempts:
+            continue
+        base = next((b for b in results if b.arch == archs[0] and b.variant == run.variant and b.seed == run.seed
+                     and b.name in attempts), None)  # fmt: skip
+        if base is None:
+            continue
+        mine = {_machine_type(e) for e in attempts[run.name]}
+        theirs = {_machine_type(e) for e in attempts[base.name]}
+        if mine != theirs:
+            flags.append(f"{run.name} and its baseline {base.name} ran on different machines")
+    return {"runs": attempts, "flags": flags, "unrecorded": unrecorded}
+
+
+def provenance_section(context: dict) -> list[str]:
+    """results.md's provenance: how many runs recorded it, and every flag."""
+    record = context.get("provenance")
+    if not record:
+        return []
+    total = len(record["runs"]) + len(record["unrecorded"])
+    lines = ["## Provenance", "", (f"{len(record['runs'])} of {total} runs record each attempt's commit, machine and "
+                                   "resume point (runs/*/provenance.json)"
+                                   + (f"; {len(record['unrecorded'])} were trained before the study tool recorded it."
+                                      if record["unrecorded"] else "."))]  # fmt: skip
+    if record["flags"]:
+        lines += ["", "Flags:", ""] + [f"- {flag}" for flag in record["flags"]]
+    elif record["runs"]:
+        lines += ["", "No run resumed across machines or commits, and every recorded comparison's arms ran on one machine type."]
+    return lines + [""]
+
+
+def claims(context: dict) -> list[dict]:
+    """Each system's word against the baseline by the rules of study_claims (ahead, behind, level, seeds
+    disagree, not shown): what a reading may cite."""
+    variants = list(dict.fromkeys(c["key"][0] for c in context["comparisons"] if c["key"][0] != "variants"))
+    record = {"models": [{"arch": a, "variant": v} for v in variants or ["warmup"] for a in context["archs"]],
+              "comparisons": context["comparisons"],
+              "settings": {"level_margin": context["margin"]}}  # fmt: skip
+    return study_claims.claims_of(record)
+
+
+def claims_section(context: dict) -> list[str]:
+    found = claims(context)
+    if not found:
+        return []
+    lines = ["## Claims", "", ("Each model against the first by the rules of scripts/study/study_claims.py: ahead or "
+                               "behind when every seed's 95% interval of the difference excludes 0 on one side; level "
+                               f"when every interval lies inside ±{context['margin']:g}; seeds disagree when the seeds' "
+                               "differences have opposite signs; otherwise not shown. Prose cites them as "
+                               "`<!-- claim STUDY: KIND SYSTEM -->` (tests/test_claims.py re-checks every one)."), "",
+             "| model | metric | claim | seeds |", "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {c['system']} | {c['metric']} | {c['claim']} | {len(c['seeds'])} |" for c in found]
+    return lines + [""]
 
 
 def heading(title: str, context: dict) -> list[str]:

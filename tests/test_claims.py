@@ -1,0 +1,120 @@
+"""Readings bound to their records (issue 55): the rules of scripts/study/study_claims.py on small records, then
+every claim written in the README and under docs/ re-checked against the committed results.json it names.
+
+A sentence of a reading that states a comparison or a number carries a claim comment
+(``<!-- claim STUDY: KIND ARGS -->``); when the records do not support it, this test fails and names the file,
+the line, the claim and what the records say instead. The README's findings must carry claims (one per bullet
+at least): prose there without a claim fails too."""
+
+import re
+import sys
+
+import pytest
+
+from .helpers import REPO
+
+sys.path[:0] = [str(REPO / "scripts" / "study")]
+
+import study_claims as sc
+
+STUDY_ROOT = REPO / "docs" / "study"
+
+
+def _records(*comparisons, lm=False, margin=1.0):
+    """Records with one baseline 'pre' and the given comparisons: (system, seed, diff, low, high)."""
+    metric = "ppl" if lm else "bleu"
+    systems = list(dict.fromkeys(c[0] for c in comparisons))
+    return sc.Records({
+        "models": [{"arch": "pre"}] + [{"arch": s, metric: 1.0} for s in systems],
+        "settings": {"level_margin": margin},
+        "comparisons": [{"key": ["warmup", seed], "system": s, f"{metric}_diff": d, f"{metric}_ci": [lo, hi],
+                         f"{metric}_p": 0.01} for s, seed, d, lo, hi in comparisons],
+        "runs": [{"name": "pre.warmup.lr0.001.wu400.s1", "trend": {"falling": True}, "stopped": "updates",
+                  "best_valid_loss": 3.9314}],
+    })  # fmt: skip
+
+
+def _check(records, text):
+    (claim,) = sc.find_claims(f"<!-- claim x: {text} -->")
+    return sc.check(claim, records)
+
+
+def test_ahead_and_behind_need_every_seed_on_one_side():
+    records = _records(("a", 1, 2.0, 1.0, 3.0), ("a", 2, 0.5, 0.1, 0.9), ("b", 1, 2.0, 1.0, 3.0), ("b", 2, 0.5, -0.1, 1.1))
+    assert _check(records, "ahead a") is None
+    assert "which is level" in _check(records, "ahead b") or "not-shown" in _check(records, "ahead b")
+    assert _check(records, "behind a") is not None
+    assert _check(records, "not-shown b 0.5") is None  # its seed 1 interval reaches beyond ±0.5
+
+
+def test_level_is_about_intervals_inside_the_margin():
+    records = _records(("a", 1, 0.1, -0.4, 0.6), ("a", 2, -0.2, -0.9, 0.5))
+    assert _check(records, "level a 1") is None and _check(records, "level a 0.5") is not None
+    assert sc.classify(records.intervals("a", "bleu"), 1.0) == "level"
+
+
+def test_seeds_that_disagree_are_named_so():
+    records = _records(("a", 1, 1.6, 0.6, 2.6), ("a", 2, -1.0, -1.9, -0.1))
+    assert sc.classify(records.intervals("a", "bleu"), 1.0) == "seeds-disagree"
+    assert _check(records, "seeds-disagree a") is None and _check(records, "ahead a") is not None
+
+
+def test_lower_perplexity_is_ahead():
+    records = _records(("a", 1, -3.0, -4.0, -2.0), ("a", 2, -2.5, -3.0, -1.0), lm=True)
+    assert _check(records, "ahead a") is None and _check(records, "behind a ppl") is not None
+
+
+def test_ranked_needs_separated_intervals():
+    records = _records(("a", 1, 3.0, 2.0, 4.0), ("b", 1, 1.0, 0.0, 1.9), ("c", 1, 1.5, 0.5, 2.5))
+    assert _check(records, "ranked a b") is None and _check(records, "ranked a c") is not None
+
+
+def test_values_match_to_the_digits_written():
+    records = _records(("a", 1, 1.234, 0.5, 2.0))
+    assert _check(records, "value runs.pre.warmup.lr0.001.wu400.s1.best_valid_loss 3.931") is None
+    assert _check(records, "value runs.pre.warmup.lr0.001.wu400.s1.best_valid_loss 3.94") is not None
+    assert _check(records, "value diff.a.1.bleu_diff 1.23") is None and _check(records, "value diff.a.1.bleu_diff 1.3") is not None
+    assert _check(records, "value count.ahead 1") is None
+    assert _check(records, "still-falling pre.warmup.lr0.001.wu400.s1") is None
+    assert _check(records, "stopped pre.warmup.lr0.001.wu400.s1 patience") is not None
+
+
+def test_malformed_claims_are_errors_not_passes():
+    records = _records(("a", 1, 1.0, 0.5, 2.0))
+    for text in ("ahaed a", "ahead", "ahead nobody", "value models.a 1", "level a"):
+        with pytest.raises(sc.ClaimError):
+            _check(records, text)
+
+
+def _documents():
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def _all_claims():
+    return [c for path in _documents()
+            for c in sc.find_claims(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]  # fmt: skip
+
+
+def test_every_written_claim_holds_on_its_committed_records():
+    claims = _all_claims()
+    assert len(claims) >= 20, "the README's findings cite their claims"
+    failures, cache = [], {}
+    for claim in claims:
+        try:
+            records = cache.setdefault(claim.study, sc.Records.load(STUDY_ROOT, claim.study))
+            why = sc.check(claim, records)
+        except sc.ClaimError as err:
+            why = f"malformed: {err}"
+        if why:
+            failures.append(f"{claim.where}: <!-- {claim.text} --> does not hold: {why}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_readmes_findings_carry_claims():
+    """Every bullet of the README's findings cites at least one claim, so none is prose alone."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Findings in brief", 1)[1].split("\n## ", 1)[0]
+    bullets = [b for b in re.split(r"\n- ", section)[1:]]
+    assert bullets
+    bare = [b.split("\n", 1)[0] for b in bullets if not sc.find_claims(b)]
+    assert not bare, f"findings without a claim: {bare}"
