@@ -1,0 +1,175 @@
+"""Seeds and sentences together: a model's BLEU difference to the baseline over several seeds, with an interval that
+counts both sources of noise, what difference that many seeds can detect, and one decision per model (issue 55).
+
+Per-seed paired bootstrap (study_stats.paired_tests) answers "is this seed's model better on these sentences";
+a claim about an architecture needs the spread over seeds too. The two-level bootstrap here resamples both:
+each draw picks the seeds with replacement (a seed's system run stays paired with the baseline's run of the same
+seed: same data order and initialisation draw) and, crossed with them, one resample of the test sentences shared by
+every run (the sentences are the same test set for every seed). The statistic of a draw is the mean over the drawn
+seeds of corpus BLEU(system) - corpus BLEU(baseline) on the drawn sentences; the interval is its 2.5th-97.5th
+percentile, the estimate the mean over seeds of the full-test-set differences.
+
+The decision (margin LEVEL_MARGIN, default ±1 BLEU), from 3 seeds on: ahead / behind when the interval excludes 0
+on that side; level when it lies inside ±margin; undecided otherwise. The detectable difference at n seeds is
+2.8 x the standard error that n seeds would give (a two-sided 5% test with 80% power: 1.96 + 0.84), with the
+standard error split into the part that shrinks with seeds (between-seed variance / n) and the sentence part that
+does not (the test set is shared): var(n) = max(var_seeds - var_sentences, 0) / n + var_sentences, where
+var_seeds is the sample variance of the per-seed differences and var_sentences the mean per-seed bootstrap
+variance of the difference over sentences.
+
+    python scripts/study/study_seeds.py --study docs/study/converged_e12d12 --references REFS \
+        [--margin 1.0] [--samples 1000] [--out docs/study/converged_e12d12/seeds]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+from sacrebleu.metrics import BLEU
+from study_common import describe_machine, machine, read_lines, write_json, write_text
+
+Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
+
+
+def sentence_statistics(hyps: list[str], references: list[str]) -> np.ndarray:
+    """BLEU's sufficient statistics of every sentence (sys_len, ref_len, n-gram matches, n-gram totals), from
+    sacrebleu's public sentence scores: summed over any subset they give that subset's corpus BLEU."""
+    bleu = BLEU(effective_order=True)  # effective order changes no statistic; it silences the sentence warning
+    scores = (bleu.sentence_score(h, [r]) for h, r in zip(hyps, references, strict=True))
+    return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.float64)
+
+
+def corpus_bleu(stats: np.ndarray) -> float:
+    """Corpus BLEU (sacrebleu's defaults: exp smoothing, order 4) from summed sentence statistics."""
+    n = (stats.shape[-1] - 2) // 2
+    return BLEU.compute_bleu(correct=list(stats[2 : 2 + n]), total=list(stats[2 + n :]), sys_len=int(stats[0]),
+                             ref_len=int(stats[1]), smooth_method="exp", max_ngram_order=n).score  # fmt: skip
+
+
+def two_level(system: dict[int, np.ndarray], baseline: dict[int, np.ndarray], samples: int, seed: int = 12345) -> dict:
+    """The mean BLEU difference over the seeds both have, its two-level bootstrap interval, and the parts of
+    its variance. ``system``/``baseline``: seed -> per-sentence statistics."""
+    seeds = sorted(set(system) & set(baseline))
+    if not seeds:
+        raise ValueError("no seed has both a system and a baseline run")
+    sentences = len(next(iter(system.values())))
+    rng = np.random.default_rng(seed)
+    per_seed = {s: corpus_bleu(system[s].sum(0)) - corpus_bleu(baseline[s].sum(0)) for s in seeds}
+    draws, within = [], {s: [] for s in seeds}
+    for _ in range(samples):
+        idx = rng.integers(0, sentences, sentences)
+        diffs = {s: corpus_bleu(system[s][idx].sum(0)) - corpus_bleu(baseline[s][idx].sum(0)) for s in seeds}
+        for s in seeds:
+            within[s].append(diffs[s])
+        picked = rng.choice(seeds, size=len(seeds), replace=True)
+        draws.append(float(np.mean([diffs[s] for s in picked])))
+    draws_sorted = np.sort(draws)
+    low = len(draws_sorted) // 40  # sacrebleu's percentile convention (estimate_ci)
+    var_sentences = float(np.mean([np.var(within[s], ddof=1) for s in seeds]))
+    var_seeds = statistics.variance(per_seed.values()) if len(seeds) > 1 else None
+    return {"seeds": seeds, "per_seed": per_seed, "mean": float(np.mean(list(per_seed.values()))),
+            "ci": [float(draws_sorted[low]), float(draws_sorted[len(draws_sorted) - low - 1])],
+            "var_sentences": var_sentences, "var_seeds": var_seeds}  # fmt: skip
+
+
+def detectable(result: dict, n: int) -> float | None:
+    """The BLEU difference n seeds would detect (5% two-sided, 80% power), from the variance parts measured."""
+    if result["var_seeds"] is None:
+        return None
+    between = max(result["var_seeds"] - result["var_sentences"], 0.0)
+    return Z_POWER * float(np.sqrt(between / n + result["var_sentences"]))
+
+
+MIN_SEEDS = 3  # a bootstrap over two seeds draws one of three seed sets: it cannot measure the spread over seeds
+
+
+def decide(ci: list[float], margin: float, seeds: int = MIN_SEEDS) -> str:
+    if seeds < MIN_SEEDS:
+        return f"undecided (fewer than {MIN_SEEDS} seeds)"
+    if ci[0] > 0:
+        return "ahead"
+    if ci[1] < 0:
+        return "behind"
+    if -margin <= ci[0] and ci[1] <= margin:
+        return "level"
+    return "undecided"
+
+
+def analyse(study: Path, references: list[str], margin: float, samples: int) -> dict:
+    """Every model of a study's results.json at its chosen setting against the first model."""
+    results = json.loads((study / "results.json").read_text(encoding="utf-8"))
+    chosen = {(c["arch"], c["variant"]): (c["lr"], c["warmup"]) for c in results["choices"]}
+    stats: dict[str, dict[int, np.ndarray]] = {}
+    for run in results["runs"]:
+        if chosen.get((run["arch"], run["variant"])) != (run["lr"], run["warmup"]):
+            continue
+        hyp_files = sorted((study / "runs" / run["name"] / "eval" / "hyps").glob(f"{results['test_set']}.*"))
+        if hyp_files:
+            stats.setdefault(run["arch"], {})[run["seed"]] = sentence_statistics(read_lines(hyp_files[0]), references)
+    baseline = results["models"][0]["arch"]
+    models = []
+    for arch in [m["arch"] for m in results["models"][1:]]:
+        if arch not in stats:
+            continue
+        result = two_level(stats[arch], stats[baseline], samples)
+        result["decision"] = decide(result["ci"], margin, len(result["seeds"]))
+        result["detectable"] = {n: detectable(result, n) for n in (2, 5, 10)}
+        models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()}})
+    return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models}
+
+
+def markdown(record: dict, command: str) -> str:
+    lines = [f"# Seeds and sentences: {record['study']} against {record['baseline']}", "",
+             (f"Command: `{command}` on {record['machine_text']}. Two-level paired bootstrap ({record['samples']} draws: seeds with replacement, "
+             f"crossed with one resample of the shared test sentences); decision at ±{record['margin']:g} BLEU "
+             "(scripts/study/study_seeds.py says how)."), "",
+             "| model | seeds | mean ΔBLEU | 95% CI | decision | per seed | detectable at 2 / 5 / 10 seeds |",
+             "|---|---:|---:|---|---|---|---|"]  # fmt: skip
+    for m in record["models"]:
+        det = " / ".join("-" if m["detectable"][n] is None else f"{m['detectable'][n]:.2f}" for n in (2, 5, 10))
+        per_seed = ", ".join(f"{s}: {d:+.2f}" for s, d in m["per_seed"].items())
+        lines.append(f"| {m['arch']} | {len(m['seeds'])} | {m['mean']:+.2f} | [{m['ci'][0]:+.2f}, {m['ci'][1]:+.2f}] | "
+                     f"{m['decision']} | {per_seed} | {det} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _prepared_references(study: Path) -> Path | None:
+    results = study / "results.json"
+    if not results.is_file():
+        return None
+    test_set = json.loads(results.read_text(encoding="utf-8"))["test_set"]
+    found = sorted(study.glob(f"data-bin/*/refs/{test_set}.*"))
+    return found[0] if found else None
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", type=Path, required=True, help="a study folder with results.json and runs/")
+    parser.add_argument("--references", type=Path, default=None,
+                        help="the test set's reference text, one line each (default: the study's prepared "
+                             "STUDY/data-bin/*/refs/TEST_SET.*, which the study's command writes)")  # fmt: skip
+    parser.add_argument("--margin", type=float, default=1.0, help="level: the interval inside ±margin BLEU (> 0)")
+    parser.add_argument("--samples", type=int, default=1000, help="bootstrap draws (>= 100)")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print)")
+    args = parser.parse_args(argv)
+    if not args.margin > 0 or args.samples < 100:
+        parser.error("--margin must be > 0 and --samples >= 100")
+    references = args.references or _prepared_references(args.study)
+    if references is None:
+        parser.error(f"--references: {args.study} has no prepared data-bin/*/refs/ (run the study's command with "
+                     "REPORT_ONLY=1 to prepare it, or give the reference file)")  # fmt: skip
+    record = analyse(args.study, read_lines(references), args.margin, args.samples)
+    command = "python scripts/study/study_seeds.py " + " ".join(a for a in (argv or sys.argv[1:]))
+    record["machine_text"] = describe_machine(machine())
+    text = markdown(record, command)
+    if args.out:
+        write_json(args.out.with_suffix(".json"), {**record, "command": command})
+        write_text(args.out.with_suffix(".md"), text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
