@@ -118,3 +118,12 @@ def test_the_readmes_findings_carry_claims():
     assert bullets
     bare = [b.split("\n", 1)[0] for b in bullets if not sc.find_claims(b)]
     assert not bare, f"findings without a claim: {bare}"
+
+
+def test_the_study_index_cites_a_claim_for_every_study():
+    """Every row of docs/study/README.md's table (one study each) states its status with cited claims."""
+    rows = [line for line in (STUDY_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and "/README.md) |" in line]  # fmt: skip
+    assert len(rows) >= 13
+    bare = [row.split(" | ")[1] for row in rows if not sc.find_claims(row)]
+    assert not bare, f"study rows without a claim: {bare}"
