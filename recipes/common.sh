@@ -11,6 +11,18 @@ else
 fi
 # progress lines of the Python steps appear as they happen, also through pipes and tee
 export PYTHONUNBUFFERED=1
+# warnings fairseq's own code raises on every command and no user can act on (hydra's compatibility API, which
+# fairseq calls; torch.cuda.amp in fairseq's task; pin_memory without a GPU; the mask types of fairseq's
+# attention) are silenced for the recipes' commands; any other warning still shows, and a PYTHONWARNINGS of the
+# user's own comes last, so it wins
+quiet="ignore:::hydra.experimental.initialize,ignore:::hydra.experimental.compose,ignore:::hydra.core.default_element"
+quiet+=",ignore:::hydra.compose,ignore::FutureWarning:fairseq.tasks.fairseq_task"
+# hydra's schema warning runs off the top of the stack: it is reported from sys (console scripts) or runpy (-m)
+quiet+=",ignore::UserWarning:sys,ignore::UserWarning:runpy"
+quiet+=",ignore:'pin_memory' argument is set as true but no accelerator is found:UserWarning"
+quiet+=",ignore:Support for mismatched key_padding_mask and attn_mask is deprecated:UserWarning"
+export PYTHONWARNINGS="$quiet${PYTHONWARNINGS:+,$PYTHONWARNINGS}"
+unset quiet
 
 # bool_var NAME DEFAULT: print 1 or 0 for the environment variable NAME; anything else stops the recipe
 bool_var() {

@@ -13,7 +13,8 @@
 #   RAW_DIR                 lm1b, wikitext103: the extracted download: no download
 #   TEXT_FILE, VALID_FILE, TEST_FILE   file: the texts; without VALID_FILE/TEST_FILE the last HOLDOUT lines
 #   HOLDOUT [5%, at most 1000]         of TEXT_FILE are held out for each
-#   SEGMENTATION [sentencepiece; wikitext103: none]    VOCAB_SIZE [8000; lm1b and wikitext103: 32000]
+#   SEGMENTATION [sentencepiece; wikitext103: none]
+#   VOCAB_SIZE [multi30k 4000 (its English side allows at most 7928); file 8000; lm1b and wikitext103 32000]
 #   WORK_DIR, DEST_DIR      [work_dirs/data/NAME], [data-bin/NAME]: NAME lm_multi30k_LANG, lm1b, wikitext103, lm_STEM
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

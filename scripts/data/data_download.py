@@ -20,17 +20,15 @@ from recipe_common import RecipeError, atomic_path, log
 
 
 def file_digest(path: Path, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
-def download(tag: str, url: str, dest: Path, md5: str | None = None) -> Path:
+def download(tag: str, url: str, dest: Path, md5: str | None = None, local: str = "RAW_DIR") -> Path:
     """Download ``url`` to ``dest`` (via ``dest.part``), checking the announced size and the md5 if known.
 
-    An existing ``dest`` is only reused after the same md5 check.
+    An existing ``dest`` is only reused after the same md5 check. ``local``: the variable that gives the
+    recipe a local copy instead, named when the download fails.
     """
     if dest.exists():
         if md5 and file_digest(dest, "md5") != md5:
@@ -51,7 +49,7 @@ def download(tag: str, url: str, dest: Path, md5: str | None = None) -> Path:
                         log(tag, f"  {dest.name}: {done / 2**20:.0f} MiB{share}")
         except (urllib.error.URLError, OSError) as err:
             raise RecipeError(
-                f"download of {url} failed ({err}); download it by hand and pass the directory (RAW_DIR)"
+                f"download of {url} failed ({err}); download it by hand and set {local} to its directory"
             ) from err
         if total and done != total:
             raise RecipeError(f"download of {url} is incomplete: {done} of {total} bytes")

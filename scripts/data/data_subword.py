@@ -10,6 +10,7 @@ _SCRIPTS = str(Path(__file__).resolve().parents[1])  # scripts/, for recipe_comm
 if _SCRIPTS not in sys.path:
     sys.path.insert(0, _SCRIPTS)
 
+import re
 from collections.abc import Sequence
 
 from data_text import WORKERS, concatenate
@@ -63,6 +64,11 @@ def train_sentencepiece(
             bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
         )  # fmt: skip
     except RuntimeError as err:
+        too_high = re.search(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)", str(err))
+        if too_high:  # the limit depends on the text: name the variable that sets the size, and what fits
+            raise RecipeError(f"VOCAB_SIZE={vocab_size} (--vocab-size): too high for this training text, "
+                              f"SentencePiece allows at most {too_high.group(2)}; set VOCAB_SIZE <= "
+                              f"{too_high.group(2)} ({err})") from err  # fmt: skip
         raise RecipeError(f"SentencePiece training failed: {err}") from err
     return model_prefix.with_name(model_prefix.name + ".model")
 

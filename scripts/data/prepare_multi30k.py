@@ -90,7 +90,8 @@ def raw_files(args) -> dict[str, tuple[Path, Path]]:
             files[split] = (pair[0], pair[1])
     else:
         for split in SPLITS:
-            pair = [download(TAG, f"{args.url}/{split}.{lang}.gz", args.work_dir / "download" / f"{split}.{lang}.gz")
+            pair = [download(TAG, f"{args.url}/{split}.{lang}.gz", args.work_dir / "download" / f"{split}.{lang}.gz",
+                             local="MULTI30K_DIR")
                     for lang in (args.src, args.tgt)]  # fmt: skip
             files[split] = (pair[0], pair[1])
     expected = {split: n for split, (_, n) in SPLITS.items()} if args.verify_counts else None

@@ -89,9 +89,10 @@ def parse_args(argv=None):
                         "than 2000 lines")  # fmt: skip
     p.add_argument("--workers", type=int, default=8, help="processes for encoding and binarizing (default 8)")
     args = p.parse_args(argv)
-    for name in ("vocab_size", "sample", "workers"):
+    for name in ("vocab_size", "sample", "workers"):  # the recipe's variables; --sample has none
         if getattr(args, name) <= 0:
-            raise RecipeError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+            variable = {"vocab_size": " (VOCAB_SIZE)", "workers": " (WORKERS)"}.get(name, "")
+            raise RecipeError(f"--{name.replace('_', '-')} {getattr(args, name)}{variable}: must be > 0")
     if args.valid_lines < 0:
         raise RecipeError(f"--valid-lines {args.valid_lines} (VALID_LINES): must be >= 0")
     return args

@@ -57,7 +57,7 @@ CORPORA = ("multi30k", "file", "lm1b", "wikitext103")
 LM1B_URL = "https://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 LM1B_ROOT = "1-billion-word-language-modeling-benchmark-r13output"
 WIKITEXT_URL = "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip"
-DEFAULT_VOCAB = {"multi30k": 8000, "file": 8000, "lm1b": 32000, "wikitext103": 32000}
+DEFAULT_VOCAB = {"multi30k": 4000, "file": 8000, "lm1b": 32000, "wikitext103": 32000}
 SPM_SAMPLE = 2_000_000  # lines SentencePiece trains on for large corpora (a random sample)
 
 
@@ -75,7 +75,7 @@ def parse_args(argv=None):
                    help="file without --valid/--test: lines held out for each (default 5%%, at most 1000)")
     p.add_argument("--segmentation", choices=("sentencepiece", "none"),
                    help="sentencepiece (default) or none (wikitext103's default: fairseq's example keeps its tokens)")
-    p.add_argument("--vocab-size", type=int, help="SentencePiece pieces (default 8000; 32000 for lm1b)")
+    p.add_argument("--vocab-size", type=int, help="SentencePiece pieces (default 4000 for multi30k, whose English side allows at most 7928; 8000 for file; 32000 for lm1b)")
     p.add_argument("--work-dir", type=Path, help="intermediate files (default work_dirs/data/lm_NAME)")
     p.add_argument("--dest-dir", type=Path, help="binarized output (default data-bin/NAME)")
     p.add_argument("--workers", type=int, default=2, help="processes for encoding and binarizing (default 2)")
@@ -83,7 +83,7 @@ def parse_args(argv=None):
     if args.corpus not in CORPORA:
         raise RecipeError(f"--corpus {args.corpus!r} (CORPUS): one of {', '.join(CORPORA)}")
     if args.corpus == "multi30k" and args.lang not in MULTI30K_LANGS:
-        raise RecipeError(f"--lang {args.lang!r} (LANG): Multi30k has {', '.join(MULTI30K_LANGS)}")
+        raise RecipeError(f"--lang {args.lang!r} (LANG_SIDE): Multi30k has {', '.join(MULTI30K_LANGS)}")
     if args.corpus == "file":
         if args.train is None or not args.train.is_file():
             raise RecipeError(f"--train {args.train} (TEXT_FILE): CORPUS=file needs an existing training text file")
@@ -117,7 +117,7 @@ def multi30k_files(args) -> dict[str, Path]:
             path = gz if gz.is_file() else plain
         else:
             url = f"{MULTI30K_URL}/{split}.{args.lang}.gz"
-            path = download(TAG, url, args.work_dir / "download" / f"{split}.{args.lang}.gz")
+            path = download(TAG, url, args.work_dir / "download" / f"{split}.{args.lang}.gz", local="MULTI30K_DIR")
         if args.verify_counts and count_lines(path) != expected:
             raise RecipeError(f"{path}: {count_lines(path)} lines, Multi30k has {expected} (VERIFY_COUNTS=0 for a subset)")
         files[fairseq_split] = path
@@ -133,7 +133,8 @@ def write_file_splits(args, tmp: Path) -> None:
     else:
         hold = args.holdout or max(1, min(1000, len(lines) // 20))
         if len(lines) < 3 * hold:
-            raise RecipeError(f"--train {args.train}: {len(lines)} lines, too few to hold out {hold} for valid and test")
+            raise RecipeError(f"--train {args.train} (TEXT_FILE): {len(lines)} lines, too few to hold out {hold} "
+                              "for valid and test; set HOLDOUT smaller, or VALID_FILE and TEST_FILE")
         splits = {"train": lines[: -2 * hold], "valid": lines[-2 * hold : -hold], "test": lines[-hold:]}
     for name in ("valid", "test"):
         if getattr(args, name) is not None:

@@ -12,8 +12,8 @@ the time to the baseline's final valid loss, and whether a run's validation loss
 - Confidence interval of a difference: sacrebleu gives the p-value and each system's own interval, not the
   difference's. The difference's 95% interval is taken from the same resamples: sacrebleu draws them from
   ``numpy.random.default_rng(SACREBLEU_SEED, default 12345)`` with one ``choice`` call, which is repeated
-  here; each resample's score difference (system - baseline) is computed with the metric's own statistics,
-  and the interval is the 2.5th to 97.5th percentile in sacrebleu's convention (``estimate_ci``: the n//40-th
+  here; each resample's score difference (system - baseline) is computed with the metric's own statistics
+  (BLEU's from its public sentence scores and ``BLEU.compute_bleu``), and the interval is the 2.5th to 97.5th percentile in sacrebleu's convention (``estimate_ci``: the n//40-th
   sorted value from either end). tests/test_study.py checks that the resamples are sacrebleu's.
 - Time to the baseline's loss (DeepCrossAttention's measure): the first validation at which a run's loss is
   at or below the final validation loss of the baseline run with the same variant and seed.
@@ -22,6 +22,7 @@ the time to the baseline's final valid loss, and whether a run's validation loss
   early stopping (PATIENCE) ended: it had stopped improving by that criterion.
 """
 
+import copy
 import math
 import os
 import statistics
@@ -82,10 +83,30 @@ def _bootstrap_indices(sentences: int, samples: int):
 
 
 def _resampled(metric, hyps: list[str], references: list[str], idxs):
-    import numpy as np
+    """The metric's corpus score on every resample ``idxs`` of the sentences, as sacrebleu's paired bootstrap
+    computes it: each sentence's statistics as float32, summed over the resample, scored.
 
-    stats = np.array(metric._extract_corpus_statistics(hyps, [references]), dtype="float32")
-    return np.array([metric._compute_score_from_stats(s.sum(0)).score for s in stats[idxs]])
+    BLEU through sacrebleu's public API: a sentence's statistics are its ``sentence_score``'s lengths, n-gram
+    matches and totals, and ``BLEU.compute_bleu`` scores their sums (bit-identical to the bootstrap's own path,
+    tests/test_study_stats_records.py). chrF has no public per-sentence statistics (its ``CHRFScore`` holds the
+    score only) and scoring every resample with ``corpus_score`` takes minutes per system: it keeps the metric's
+    statistics interface (``_extract_corpus_statistics``, ``_compute_score_from_stats``), which sacrebleu's own
+    ``significance`` module calls, under the pinned sacrebleu (scripts/requirements.txt)."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+
+    if not isinstance(metric, BLEU):
+        stats = np.array(metric._extract_corpus_statistics(hyps, [references]), dtype="float32")
+        return np.array([metric._compute_score_from_stats(s.sum(0)).score for s in stats[idxs]])
+    sentence_bleu = copy.copy(metric)
+    sentence_bleu.effective_order = True  # the statistics do not depend on it; it silences the sentence-level warning
+    scores = (sentence_bleu.sentence_score(hyp, [ref]) for hyp, ref in zip(hyps, references, strict=True))
+    stats = np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype="float32")
+    n = metric.max_ngram_order
+    return np.array([BLEU.compute_bleu(correct=s[2 : 2 + n], total=s[2 + n :], sys_len=int(s[0]), ref_len=int(s[1]),
+                                       smooth_method=metric.smooth_method, smooth_value=metric.smooth_value,
+                                       effective_order=metric.effective_order, max_ngram_order=n).score
+                     for s in (sample.sum(0) for sample in stats[idxs])])  # fmt: skip
 
 
 def difference_ci(diffs) -> tuple[float, float]:

@@ -1,0 +1,51 @@
+"""fairseq's loggers with the plugin's models: ``--tensorboard-logdir`` writes, for a plugin arch, the event files
+and scalars it writes for fairseq's own transformer (tensorboardX, pinned in scripts/requirements.txt); no command
+asks for tensorboardX; under the recipes' environment (recipes/common.sh) a training prints no warning."""
+
+import shlex
+import struct
+import sys
+
+import pytest
+
+from .helpers import REPO, fairseq_cli, run, train_command
+
+
+def scalars(logdir) -> dict[str, set[str]]:
+    """{subset (train_inner, train, valid): the scalar tags of its event files} (TFRecord: length, crc, event, crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    tags: dict[str, set[str]] = {}
+    for path in logdir.rglob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            tags.setdefault(path.parent.name, set()).update(v.tag for v in event.summary.value)
+    return tags
+
+
+@pytest.mark.parametrize("arch", ["residual_iwslt_e6d6"])
+def test_tensorboard_logs_the_plugin_arch_as_fairseqs_own(tmp_path, corpus_bin, arch):
+    logged = {}
+    for name in (arch, "transformer_iwslt_de_en"):
+        logdir = tmp_path / name / "tb"
+        command = train_command(corpus_bin, tmp_path / name / "ckpt", name, max_update=2,
+                                extra=["--tensorboard-logdir", logdir])  # fmt: skip
+        if name == arch:  # the plugin's run in the recipes' environment, with Python's default warning filters
+            command = ["bash", "-c", f"source {REPO / 'recipes' / 'common.sh'} && exec {shlex.join(map(str, command))}"]
+        proc = run(command, env={"PYTHONWARNINGS": "", "RECIPE_PYTHON": sys.executable})
+        assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+        if name == arch:
+            assert "Warning" not in proc.stderr, proc.stderr[-3000:]
+        logged[name] = scalars(logdir)
+    assert {"loss", "nll_loss", "ppl", "lr", "gnorm"} <= logged[arch]["train_inner"]
+    assert "loss" in logged[arch]["valid"]
+    assert logged[arch] == logged["transformer_iwslt_de_en"]
+
+
+def test_preprocess_does_not_ask_for_tensorboardx(tmp_path):
+    proc = run(fairseq_cli("preprocess") + ["--help"])
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
