@@ -1,7 +1,10 @@
 """The kernel cache (the GRN kernels' and the mHC kernel's libraries) as a trust boundary (kernels/loader.py, docs/kernels.md): private directories, refused
 foreign or writable entries and planted libraries, a verified hash, a build key that names the compiler and
-the target, no home directory needed, a hung compiler killed with its children (issue 30)."""
+the target, no home directory needed, a hung compiler killed with its children (issue 30); a full disk leaves no
+temporary file, a hanging compiler costs one short time limit, an empty HOME or a relative XDG_CACHE_HOME is
+ignored (issue 56)."""
 
+import errno
 import os
 import shutil
 import stat
@@ -9,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,10 +113,10 @@ def test_a_symlinked_library_is_not_followed(cache, kernel, caplog, tmp_path):
 
 
 def test_no_home_directory_is_needed_with_the_cache_variable(cache, kernel, monkeypatch, caplog):
-    def no_home():
-        raise RuntimeError("Could not determine home directory.")
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
 
-    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    monkeypatch.setattr(loader.pwd, "getpwuid", no_entry)
     monkeypatch.delenv("HOME", raising=False)
     assert kernel.loaded() is not None, kernel.failure
     monkeypatch.delenv(loader.CACHE_ENV)
@@ -181,3 +185,73 @@ def test_concurrent_builds_on_an_empty_cache_leave_one_library(tmp_path):
         assert proc.wait(timeout=300) == 0, proc.stderr.read()
     names = sorted((p.name for p in (tmp_path / "cache").iterdir()), key=lambda name: name.endswith(".so"))  # hashes
     assert [n.rsplit(".", 1)[-1] for n in names] == ["sha256", "so"], names  # the same bytes, one name
+
+
+def test_an_empty_or_relative_home_or_cache_home_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.delenv(loader.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # invalid, says the XDG specification: ignored
+    assert loader.cache_dir() == tmp_path / ".cache" / "fairseq_plugins"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert loader.cache_dir() == tmp_path / "xdg" / "fairseq_plugins"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    entry = SimpleNamespace(pw_dir=str(tmp_path / "home"))
+    monkeypatch.setattr(loader.pwd, "getpwuid", lambda uid: entry)
+    for home in ("", "relative"):  # not /.cache, nor a cache relative to the working directory
+        monkeypatch.setenv("HOME", home)
+        assert loader.cache_dir() == tmp_path / "home" / ".cache" / "fairseq_plugins"
+    entry.pw_dir = "/"  # no usable home at all: refused, saying what to set
+    monkeypatch.setenv("HOME", "")
+    with pytest.raises(OSError, match=f"HOME=''.*{loader.CACHE_ENV}"):
+        loader.cache_dir()
+
+
+@pytest.mark.parametrize("where", ["library", "record", "rename"])
+def test_a_full_disk_leaves_no_temporary_file_and_names_the_cache(built, kernel, tmp_path, monkeypatch, caplog,
+                                                                  where):  # fmt: skip
+    empty = tmp_path / "empty"
+    monkeypatch.setenv(loader.CACHE_ENV, str(empty))
+    for name, value in (("_library", None), ("_tried", False), ("failure", None)):
+        monkeypatch.setattr(kernel, name, value)
+    monkeypatch.setattr(loader, "_compile", lambda *args: library_file(built[0]).read_bytes())  # built already
+    real_write = os.write
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(empty)) and (len(data) > 100) == (where == "library"):
+            real_write(fd, bytes(data[: len(data) // 2]))  # part of it, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    def rename(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", write)
+    if where == "rename":
+        monkeypatch.setattr(os, "rename", rename)
+    refused(caplog, f"in the cache {empty}: {os.strerror(errno.ENOSPC)}", kernel)
+    assert not [p.name for p in empty.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_hanging_compiler_costs_one_short_time_limit(tmp_path, monkeypatch, caplog):
+    hung = tmp_path / "hangcc"
+    hung.write_text("#!/bin/sh\nsleep 60\n")  # even --version
+    hung.chmod(0o755)
+    monkeypatch.setenv("CC", str(hung))
+    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(loader.TIMEOUT_ENV, "0.5")
+    for kernel in (grn_kernel, mhc_kernel):
+        for name, value in (("_library", None), ("_tried", False), ("failure", None)):
+            monkeypatch.setattr(kernel, name, value)
+    start = time.monotonic()
+    assert grn_kernel.loaded() is None and mhc_kernel.loaded() is None  # the second library does not wait again
+    assert time.monotonic() - start < 10
+    for kernel in (grn_kernel, mhc_kernel):
+        assert "did not finish in 0.5 s" in kernel.failure and loader.TIMEOUT_ENV in kernel.failure, kernel.failure
+    assert "not run again" in mhc_kernel.failure
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+def test_a_bad_build_time_limit_is_refused_naming_the_variable(cache, kernel, monkeypatch, caplog, value):
+    monkeypatch.setenv(loader.TIMEOUT_ENV, value)
+    monkeypatch.setattr(loader, "_load", lambda *args: pytest.fail("the limit was not checked first"))
+    refused(caplog, f"{loader.TIMEOUT_ENV}={value!r} (allowed: a positive number of seconds", kernel)

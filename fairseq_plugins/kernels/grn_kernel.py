@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from . import loader, switch
+from .arguments import dense, first, kind, ok, tensor
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ failure: str | None = None  # why the kernels are not available, once loading wa
 
 MAX_CHUNKS = 3  # the stack's chunks the kernels take: all of it, or k-DCA's embedding, middle sum and last k
 MAX_OUTPUTS = 4  # GRN outputs the kernels take (DCA's GRNs have 1 or 3), MAX_OUTPUTS in grn_cpu.c
+MAX_ENTRIES = 1 << 20  # grn_cpu.c: entries of one chunk
+MAX_DIM = 1 << 40  # grn_cpu.c: tokens, and width
+MAX_THREADS = 1024  # grn_cpu.c: more threads than this are capped (torch.set_num_threads(1025) is allowed)
 # the buffers of grn_forward and grn_backward, in the order of grn_cpu.c's enums (for error messages)
 FORWARD_BUFFERS = ("chunk 0", "chunk 1", "chunk 2", "b", "w", "norm weight", "norm bias", "first", "h", "mean",
                    "rstd", "rho", "dot")  # fmt: skip
@@ -81,23 +85,58 @@ def check(chunks: list[Tensor], b: Tensor, w: Tensor | None = None, norm_weight:
     after the first dimension, b (outputs, entries, d or 1) with 1 to MAX_OUTPUTS outputs, w (outputs, d), the
     LayerNorm's weight and bias (d) (only with with_norm), all float32 strided tensors on the CPU."""
     if not 1 <= len(chunks) <= MAX_CHUNKS:
-        return f"{len(chunks)} chunks (the kernels take 1 to {MAX_CHUNKS})"
-    for t in (*chunks, b, w, norm_weight, norm_bias):
-        if t is not None and (t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided):
-            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernels take float32 strided CPU tensors)"
+        return f"{len(chunks)} chunks (allowed: 1 to {MAX_CHUNKS})"
+    if not all(t is None or ok(t) for t in (*chunks, b, w, norm_weight, norm_bias)):  # named only when refused
+        named = [*((f"chunks[{i}]", c) for i, c in enumerate(chunks)), ("b", b), ("w", w),
+                 ("norm_weight", norm_weight), ("norm_bias", norm_bias)]  # fmt: skip
+        return first(*(kind(name, t) for name, t in named if t is not None))
     if chunks[0].dim() < 2:
-        return f"a chunk of shape {tuple(chunks[0].shape)} (entries, *, d)"
+        return f"chunks[0] of shape {tuple(chunks[0].shape)} (allowed: (entries, *, d), 2 or more dimensions)"
     shape = chunks[0].shape[1:]
     if any(c.shape[1:] != shape or c.size(0) < 1 for c in chunks) or shape.numel() == 0:
-        return f"chunks of shapes {[tuple(c.shape) for c in chunks]} (non-empty, equal but for the entries)"
+        return (f"chunks of shapes {[tuple(c.shape) for c in chunks]} (allowed: at least one entry each, equal "
+                f"but for the entries, not empty)")  # fmt: skip
     dim, entries = shape[-1], sum(c.size(0) for c in chunks)
+    if any(c.size(0) > MAX_ENTRIES for c in chunks) or dim > MAX_DIM or shape[:-1].numel() > MAX_DIM:
+        return (f"chunks of shapes {[tuple(c.shape) for c in chunks]} (allowed: at most {MAX_ENTRIES} entries a "
+                f"chunk, {MAX_DIM} tokens and width)")  # fmt: skip
     if b.dim() != 3 or not 1 <= b.size(0) <= MAX_OUTPUTS or b.size(1) != entries or b.size(2) not in (1, dim):
-        return f"b of shape {tuple(b.shape)} for {entries} entries of width {dim} (outputs 1 to {MAX_OUTPUTS})"
+        return (f"b of shape {tuple(b.shape)} (allowed: (1 to {MAX_OUTPUTS} outputs, {entries} entries, {dim} or "
+                f"1) for the chunks)")  # fmt: skip
     if w is not None and w.shape != (b.size(0), dim):
-        return f"w of shape {tuple(w.shape)}, not {(b.size(0), dim)}"
-    for name, t in (("weight", norm_weight), ("bias", norm_bias)):
-        if t is not None and (not with_norm or t.shape != (dim,)):
-            return f"a LayerNorm {name} of shape {tuple(t.shape)} for width {dim}"
+        return f"w of shape {tuple(w.shape)} (allowed: {(b.size(0), dim)} for b and the chunks, or None)"
+    for name, t in (("norm_weight", norm_weight), ("norm_bias", norm_bias)):
+        if t is not None and not with_norm:
+            return f"{name} without the LayerNorm (with_norm is False; allowed: None)"
+        if t is not None and t.shape != (dim,):
+            return f"{name} of shape {tuple(t.shape)} (allowed: {(dim,)} for the chunks' width, or None)"
+    return None
+
+
+def check_backward(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm_weight: Tensor | None, with_norm: bool,
+                   grad: Tensor, grad_first: Tensor | None, stats) -> str | None:  # fmt: skip
+    """Why ``backward`` cannot take these inputs, or None: those of ``check``, grad (outputs, *, d) and
+    grad_first (*, d; optional, with the LayerNorm only), and the statistics forward saved, float32 strided
+    CPU tensors: mean and rstd (outputs, tokens) with the LayerNorm, rho (entries, tokens) and dot (outputs,
+    entries, tokens) with w, each None otherwise."""
+    reason = check(chunks, b, w, norm_weight, None, with_norm)
+    if reason is not None:
+        return reason
+    shape, outputs, entries = tuple(chunks[0].shape[1:]), b.size(0), sum(c.size(0) for c in chunks)
+    tokens = chunks[0].shape[1:-1].numel()
+    wanted = [("grad", grad, (outputs, *shape), True), ("grad_first", grad_first, shape, None if with_norm else False),
+              ("mean", stats[0], (outputs, tokens), with_norm), ("rstd", stats[1], (outputs, tokens), with_norm),
+              ("rho", stats[2], (entries, tokens), w is not None),
+              ("dot", stats[3], (outputs, entries, tokens), w is not None)]  # fmt: skip
+    for name, t, want, present in wanted:  # present: True (required), False (must be None), None (optional)
+        if t is None and present:
+            return f"{name} = None (allowed: a tensor of shape {want}{' with w' if name in ('rho', 'dot') else ''})"
+        if t is not None and present is False:
+            return f"{name} (allowed: None {'without w' if name in ('rho', 'dot') else 'without the LayerNorm'})"
+        if t is not None:
+            reason = tensor(name, t, want, " for the chunks and b")
+            if reason is not None:
+                return reason
     return None
 
 
@@ -112,16 +151,17 @@ def usable(chunks: list[Tensor], b: Tensor, w: Tensor | None = None, norm_weight
 def _status(status: int, names: tuple[str, ...]) -> None:
     if status == -1:
         raise MemoryError("the GRN kernel could not allocate its working memory")
-    if status:  # check() lets nothing through that grn_cpu.c refuses: a bug here, said as such
+    if status:  # check() lets nothing through that grn_cpu.c refuses: a bug of this file, said as such
         what = f"dimension {DIMS[status - 1]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
-        raise RuntimeError(f"the GRN kernel refused its arguments ({what}); please report this")
+        raise RuntimeError(f"the GRN kernel refused its arguments ({what}) that kernels/grn_kernel.py passed as "
+                           f"valid; {ENV_SWITCH}=0 runs the PyTorch code instead")
 
 
 def _call(fn, dims: list[int], buffers: list[Tensor | None], *extra) -> None:
     """Call a kernel with dims, the threads torch uses, and each buffer's pointer and length (0 for None).
     The tables are array('q')s passed by address: building ctypes arrays cost more than a decoding step's
     kernel call saves."""
-    dims = array("q", [*dims, torch.get_num_threads()])
+    dims = array("q", [*dims, min(torch.get_num_threads(), MAX_THREADS)])  # more would be refused, not used
     ptrs = array("q", [0 if t is None else t.data_ptr() for t in buffers])
     sizes = array("q", [0 if t is None else t.numel() for t in buffers])
     args = (dims.buffer_info()[0], *extra, ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
@@ -129,7 +169,7 @@ def _call(fn, dims: list[int], buffers: list[Tensor | None], *extra) -> None:
 
 
 def _contiguous(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.contiguous()
+    return None if t is None else dense(t)
 
 
 def _padded(ts: list[Tensor]) -> list[Tensor | None]:
@@ -141,15 +181,16 @@ def _dims(chunks: list[Tensor], b: Tensor, with_norm: bool) -> list[int]:
     return [chunks[0].shape[1:-1].numel(), chunks[0].size(-1), b.size(0), b.size(2), *entries, int(with_norm)]
 
 
-def _fits(out, shape: torch.Size, outputs: int, chunks: list[Tensor]) -> bool:
+def _fits(out, shape: torch.Size, outputs: int, inputs: list[Tensor]) -> bool:
     """Whether out = (first, h) can be written: the result's shapes, float32 contiguous CPU tensors whose memory
-    is apart from each other and from the stack."""
+    is apart from each other and from the inputs (the stack, b, w and the LayerNorm's parameters), which the
+    kernel reads while it writes out."""
     if out is None or len(out) != 2 or out[0].shape != shape or out[1].shape != (outputs, *shape):
         return False
     for t in out:
-        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided or not t.is_contiguous():
+        if kind("out", t) is not None or not t.is_contiguous() or t.is_neg():
             return False
-    spans = [(t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in (*out, *chunks)]
+    spans = [(t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in (*out, *inputs) if t is not None]
     (s0, e0), (s1, e1) = spans[:2]
     return (e0 <= s1 or e1 <= s0) and all((e0 <= s or e <= s0) and (e1 <= s or e <= s1) for s, e in spans[2:])
 
@@ -167,11 +208,11 @@ def forward(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm_weight: Tens
     lib = loaded()
     if lib is None:
         raise RuntimeError(f"the GRN kernels are unavailable: {failure}")
-    chunks = [c.contiguous() for c in chunks]
+    chunks = [dense(c) for c in chunks]
     b, w, norm_weight, norm_bias = map(_contiguous, (b, w, norm_weight, norm_bias))
     shape, n_entries, outputs = chunks[0].shape[1:], sum(c.size(0) for c in chunks), b.size(0)
     tokens, new = shape[:-1].numel(), chunks[0].new_empty
-    if with_norm and _fits(out, shape, outputs, chunks):
+    if with_norm and _fits(out, shape, outputs, [*chunks, b, w, norm_weight, norm_bias]):
         first, h = out
     else:
         first, h = (new(shape) if with_norm else None), new(outputs, *shape)
@@ -190,18 +231,17 @@ def backward(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm_weight: Ten
     """Gradients of forward() for grad (outputs, *, d) of h (with the LayerNorm) or of x, and grad_first
     (*, d) of first; norm_grads: whether the LayerNorm's weight and bias want theirs. Uses the library the
     forward used, whatever the switch says now. Returns grad_b, grad_w, grad_norm_weight, grad_norm_bias,
-    [grad of each chunk]."""
+    [grad of each chunk]. Raises ValueError for inputs it does not take (``check_backward``)."""
+    reason = check_backward(chunks, b, w, norm_weight, with_norm, grad, grad_first, stats)
+    if reason is not None:
+        raise ValueError(f"the GRN kernels cannot take {reason}")
     lib = loaded()
     if lib is None:
         raise RuntimeError(f"the GRN kernels are unavailable: {failure}")
-    chunks = [c.contiguous() for c in chunks]
-    b, w, norm_weight = map(_contiguous, (b, w, norm_weight))
-    dim, outputs = chunks[0].size(-1), b.size(0)
+    chunks = [dense(c) for c in chunks]
+    b, w, norm_weight, grad, grad_first = map(_contiguous, (b, w, norm_weight, grad, grad_first))
+    dim = chunks[0].size(-1)
     mean, rstd, rho, dot = map(_contiguous, stats)
-    grad = grad.to(torch.float32).contiguous()
-    if grad.shape != (outputs, *chunks[0].shape[1:]):
-        raise ValueError(f"a gradient of shape {tuple(grad.shape)} for outputs of {(outputs, *chunks[0].shape[1:])}")
-    grad_first = grad_first.to(torch.float32).contiguous() if grad_first is not None and with_norm else None
     grad_chunks = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in chunks]
     grad_b = torch.zeros_like(b)
     grad_w = torch.zeros_like(w) if w is not None else None

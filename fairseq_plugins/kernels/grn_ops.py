@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from . import grn_kernel
+from .arguments import tensor
 
 NO_DOUBLE_BACKWARD = (
     "the GRN (fairseq_plugins/modules/grn.py) has no second derivative: a double backward (create_graph=True, "
@@ -65,11 +66,22 @@ def _backward_kernel(b: Tensor, w: Tensor | None, norm_weight: Tensor | None, wi
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:  # fmt: skip
     """(grad_b, grad_w, grad_norm_weight, grad_norm_bias, grads of the chunks) of grn_kernel.backward; the
     gradients that do not exist are empty."""
-    gate = w is not None
-    stats = (_none(mean, with_norm), _none(rstd, with_norm), _none(rho, gate), _none(dot, gate))
+    stats = _statistics(w, with_norm, mean, rstd, rho, dot)
     *params, grad_chunks = grn_kernel.backward(chunks, b, w, norm_weight, with_norm, grad, grad_first, stats,
                                                (norm_weight_grad, norm_bias_grad))  # fmt: skip
     return *(_empty(t, b) for t in params), grad_chunks
+
+
+def _statistics(w: Tensor | None, with_norm: bool, *stats: Tensor) -> list[Tensor | None]:
+    """mean, rstd, rho and dot as grn_kernel.backward takes them, None where forward saved none; there the
+    operator takes only the empty tensor _forward_kernel returns (float32, shape (0,)). Raises ValueError."""
+    present = (with_norm, with_norm, w is not None, w is not None)
+    for name, t, there in zip(("mean", "rstd", "rho", "dot"), stats, present, strict=True):
+        reason = None if there else tensor(name, t, (0,), " with_norm False" if name in ("mean", "rstd") else
+                                           " without w")  # fmt: skip
+        if reason is not None:
+            raise ValueError(f"the GRN kernels cannot take {reason}")
+    return [t if there else None for t, there in zip(stats, present, strict=True)]
 
 
 grn_backward = torch.library.custom_op("fairseq_plugins::grn_backward", mutates_args=(), device_types="cpu")(
@@ -80,6 +92,10 @@ grn_backward = torch.library.custom_op("fairseq_plugins::grn_backward", mutates_
 @grn_backward.register_fake
 def _(b, w, norm_weight, with_norm, grad, grad_first, mean, rstd, rho, dot, norm_weight_grad, norm_bias_grad,
       chunks):  # fmt: skip
+    stats = _statistics(w, with_norm, mean, rstd, rho, dot)  # the checks of the real one: nothing else raises
+    reason = grn_kernel.check_backward(chunks, b, w, norm_weight, with_norm, grad, grad_first, stats)
+    if reason is not None:
+        raise ValueError(f"the GRN kernels cannot take {reason}")
     dim = chunks[0].size(-1)
     ln_grad = (dim,) if with_norm else (0,)
     return (torch.empty_like(b), b.new_empty(w.shape if w is not None else (0,)),

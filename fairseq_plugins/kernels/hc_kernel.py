@@ -11,29 +11,36 @@ import torch
 from torch import Tensor
 
 from . import mhc_kernel
+from .arguments import dense, first, tensor
 
 HC_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "static", "scale", "out", "z")
 HC_BACKWARD_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "scale", "z", "grad", "grad x",
                        "grad norm weight", "grad norm bias", "grad dynamic weight", "grad static", "grad scale")
 
 
-def check_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor,
-                          n: int) -> str | None:  # fmt: skip
+def check_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor | None,
+                          scale: Tensor, n: int) -> str | None:  # fmt: skip
     """Why ``hc_coefficients`` cannot take these inputs, or None: streams x (tokens, n, C), the LayerNorm's weight
     and bias (C), the dynamic weight w (n + 2, C), static and scale (n (n + 2)), float32 strided CPU tensors,
-    1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH."""
+    1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (static None: not checked, for the backward)."""
     reason = mhc_kernel.check_mix(x, None, n)
     if reason is not None:
         return reason
-    for t in (weight, bias, w, static, scale):
-        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
-            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
-    width, k = x.size(2), n * (n + 2)
-    if weight.shape != (width,) or bias.shape != (width,) or w.shape != (n + 2, width) or static.shape != (k,) \
-            or scale.shape != (k,):
-        return (f"parameters of shapes {[tuple(t.shape) for t in (weight, bias, w, static, scale)]} for C = {width} "
-                f"and n = {n}")  # fmt: skip
-    return None
+    width, k, what = x.size(2), n * (n + 2), f" for C = {x.size(2)} and n = {n}"
+    return first(tensor("weight", weight, (width,), what), tensor("bias", bias, (width,), what),
+                 tensor("w", w, (n + 2, width), what), None if static is None else tensor("static", static, (k,), what),
+                 tensor("scale", scale, (k,), what))  # fmt: skip
+
+
+def check_hc_coefficients_backward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, scale: Tensor, z: Tensor,
+                                   grad: Tensor, n: int) -> str | None:  # fmt: skip
+    """Why ``hc_coefficients_backward`` cannot take these inputs, or None: those of ``check_hc_coefficients``
+    (but static), and z and grad (n (n + 2), tokens), float32 strided CPU tensors."""
+    reason = check_hc_coefficients(x, weight, bias, w, None, scale, n)  # the backward takes no static
+    if reason is not None:
+        return reason
+    shape, what = (n * (n + 2), x.size(0)), f" as the coefficients of {x.size(0)} tokens, n = {n}"
+    return first(tensor("z", z, shape, what), tensor("grad", grad, shape, what))
 
 
 def usable_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor,
@@ -50,7 +57,7 @@ def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: 
     reason = check_hc_coefficients(x, weight, bias, w, static, scale, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    buffers = [t.detach().contiguous() for t in (x, weight, bias, w, static, scale)]
+    buffers = [dense(t.detach()) for t in (x, weight, bias, w, static, scale)]
     out = x.new_empty(n * (n + 2), x.size(0))
     z = torch.empty_like(out) if keep_z else out  # decoding: z written first, then out over it
     mhc_kernel._call(mhc_kernel._library_or_raise().hc_coefficients, n, 0, [*buffers, out, z], HC_BUFFERS,
@@ -62,15 +69,12 @@ def hc_coefficients_backward(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor,
                              grad: Tensor, n: int, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The gradients (x, weight, bias, w, static, scale) of ``hc_coefficients`` for grad (n (n + 2), tokens) of
     its result, from the inputs and z."""
-    reason = check_hc_coefficients(x, weight, bias, w, scale, scale, n)
-    if reason is None and (z.shape != grad.shape or grad.shape != (n * (n + 2), x.size(0))
-                           or z.dtype != torch.float32 or not z.is_cpu):  # fmt: skip
-        reason = f"z and a gradient of shapes {tuple(z.shape)} and {tuple(grad.shape)}"
+    reason = check_hc_coefficients_backward(x, weight, bias, w, scale, z, grad, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    buffers = [t.detach().contiguous() for t in (x, weight, bias, w, scale, z)]
-    grad = grad.to(torch.float32).contiguous()
-    grads = [torch.empty_like(t) for t in (buffers[0], weight, bias, buffers[3], scale, scale)]
+    buffers = [dense(t.detach()) for t in (x, weight, bias, w, scale, z)]
+    grad = dense(grad)
+    grads = [torch.empty_like(t) for t in (*buffers[:5], buffers[4])]  # contiguous, as the C code writes them
     mhc_kernel._call(mhc_kernel._library_or_raise().hc_coefficients_backward, n, 0, [*buffers, grad, *grads], HC_BACKWARD_BUFFERS,
           dims=(n, x.size(0), x.size(2)), extra=(eps,))  # fmt: skip
     return tuple(grads)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from . import loader, switch
+from .arguments import dense, first, kind, tensor
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ MAX_LITE_N = 5  # mhc_coef.c: mHC-lite's n! residual coefficients
 MAX_ITERS = 1000
 MAX_TOKENS = 1 << 36
 MAX_WIDTH = 1 << 24  # mhc_mix.c
+MAX_THREADS = 1024  # mhc_cpu.c: more threads than this are capped (torch.set_num_threads(1025) is allowed)
 LOG_DOMAIN = 1  # MHC_LOG_DOMAIN
 DIMS = ("n", "tokens", "iters", "threads")
 FORWARD_BUFFERS = ("logits", "out")
@@ -92,11 +94,18 @@ def check(logits: Tensor, n: int, iters: int) -> str | None:
     CPU tensor with 1 to MAX_TOKENS tokens, 1 <= n <= MAX_N, 1 <= iters <= MAX_ITERS."""
     if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= MAX_N or not 1 <= iters <= MAX_ITERS:
         return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {MAX_N} and 1 to {MAX_ITERS})"
-    if logits.dtype != torch.float32 or not logits.is_cpu or logits.layout != torch.strided:
-        return f"a {logits.dtype} {logits.layout} tensor on {logits.device} (the kernel takes float32 CPU tensors)"
-    if logits.dim() != 2 or logits.size(0) != 2 * n + n * n or not 1 <= logits.size(1) <= MAX_TOKENS:
-        return f"logits of shape {tuple(logits.shape)} for n = {n} (({2 * n + n * n}, 1 to {MAX_TOKENS} tokens))"
-    return None
+    reason = kind("logits", logits)
+    if reason is None and (logits.dim() != 2 or logits.size(0) != 2 * n + n * n
+                           or not 1 <= logits.size(1) <= MAX_TOKENS):  # fmt: skip
+        reason = (f"logits of shape {tuple(logits.shape)} (allowed: ({2 * n + n * n}, 1 to {MAX_TOKENS} tokens) "
+                  f"for n = {n})")  # fmt: skip
+    return reason
+
+
+def check_backward(logits: Tensor, grad: Tensor, n: int, iters: int) -> str | None:
+    """Why ``backward`` cannot take these inputs, or None: ``check``, and grad of the logits' shape, float32."""
+    reason = check(logits, n, iters)
+    return reason if reason is not None else tensor("grad", grad, logits.shape, " as the logits")
 
 
 def usable(logits: Tensor, n: int, iters: int) -> bool:
@@ -104,20 +113,29 @@ def usable(logits: Tensor, n: int, iters: int) -> bool:
     return _enabled and check(logits, n, iters) is None and _available()
 
 
-def check_mix(x: Tensor, coef: Tensor | None, n: int) -> str | None:
+def check_mix(x: Tensor, coef: Tensor | None, n: int, name: str = "x") -> str | None:
     """Why the mixing kernel cannot take these inputs, or None: x (tokens, n, C) and coef (2n + n^2, tokens),
     float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (coef None: the
-    streams alone)."""
+    streams alone; ``name``: the streams' argument name in messages)."""
     if not isinstance(n, int) or not 1 <= n <= MAX_N:
         return f"n = {n!r} streams (the kernel takes 1 to {MAX_N})"
-    for t in (x, coef) if coef is not None else (x,):
-        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
-            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    reason = first(kind(name, x), None if coef is None else kind("coef", coef))
+    if reason is not None:
+        return reason
     if x.dim() != 3 or x.size(1) != n or not 1 <= x.size(0) <= MAX_TOKENS or not 1 <= x.size(2) <= MAX_WIDTH:
-        return f"streams of shape {tuple(x.shape)} for n = {n} ((1 to {MAX_TOKENS}, n, 1 to {MAX_WIDTH}))"
-    if coef is not None and coef.shape != (2 * n + n * n, x.size(0)):
-        return f"coefficients of shape {tuple(coef.shape)} for {x.size(0)} tokens and n = {n}"
-    return None
+        return (f"{name} of shape {tuple(x.shape)} (allowed: (1 to {MAX_TOKENS} tokens, n, 1 to {MAX_WIDTH}) for "
+                f"n = {n})")  # fmt: skip
+    return None if coef is None else tensor("coef", coef, (2 * n + n * n, x.size(0)), f" for n = {n}")
+
+
+def check_mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n: int) -> str | None:
+    """Why ``mix_backward`` cannot take these inputs, or None: ``check_mix``, grad_u (tokens, C) and grad_mixed
+    of x's shape, float32."""
+    reason = check_mix(x, coef, n)
+    if reason is not None:
+        return reason
+    return first(tensor("grad_u", grad_u, (x.size(0), x.size(2)), " as u"),
+                 tensor("grad_mixed", grad_mixed, x.shape, " as x"))  # fmt: skip
 
 
 def usable_mix(x: Tensor, n: int) -> bool:
@@ -129,7 +147,8 @@ def usable_mix(x: Tensor, n: int) -> bool:
 def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...], dims=None, extra=()) -> bool:
     """Call a kernel on contiguous float32 buffers with dims (n, tokens, second, threads), tokens from the
     first buffer's second dimension unless dims are given; False if it asks for the log domain."""
-    dims = array("q", [*(dims or (n, buffers[0].size(1), second)), torch.get_num_threads()])
+    threads = min(torch.get_num_threads(), MAX_THREADS)  # more would be refused, not used
+    dims = array("q", [*(dims or (n, buffers[0].size(1), second)), threads])
     ptrs = array("q", [t.data_ptr() for t in buffers])
     sizes = array("q", [t.numel() for t in buffers])
     status = fn(dims.buffer_info()[0], *extra, ptrs.buffer_info()[0], sizes.buffer_info()[0], len(buffers))
@@ -137,10 +156,11 @@ def _call(fn, n: int, second: int, buffers: list[Tensor], names: tuple[str, ...]
         return False
     if status == -1:
         raise MemoryError("the mHC kernel could not allocate its working memory")
-    if status:  # check() lets nothing through that mhc_cpu.c refuses: a bug here, said as such
+    if status:  # the checks here let nothing through that mhc_cpu.c refuses: a bug of this file, said as such
         dim_names = {"x": MIX_DIMS, "mixed": MIX_DIMS, "grad": MIX_DIMS, "v": COEF_DIMS}.get(names[0], DIMS)
         what = f"dimension {dim_names[status - 10]}" if status < 100 else f"buffer {(*names, 'count')[status - 100]}"
-        raise RuntimeError(f"the mHC kernel refused its arguments ({what}); please report this")
+        raise RuntimeError(f"the mHC kernel refused its arguments ({what}) that kernels/mhc_kernel.py passed as "
+                           f"valid; {ENV_SWITCH}=0 runs the PyTorch code instead")
     return True
 
 
@@ -158,7 +178,7 @@ def forward(logits: Tensor, n: int, iters: int, checked: bool = False) -> Tensor
     reason = None if checked else check(logits, n, iters)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    logits = logits.contiguous()
+    logits = dense(logits)
     out = torch.empty_like(logits)
     return out if _call(_library_or_raise().mhc_forward, n, iters, [logits, out], FORWARD_BUFFERS) else None
 
@@ -166,12 +186,10 @@ def forward(logits: Tensor, n: int, iters: int, checked: bool = False) -> Tensor
 def backward(logits: Tensor, grad: Tensor, n: int, iters: int) -> Tensor | None:
     """The gradient of forward(logits) for grad of its output (same shape); None for logits that need the log
     domain. Uses the library the forward used, whatever the switch says now."""
-    reason = check(logits, n, iters)
+    reason = check_backward(logits, grad, n, iters)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    if grad.shape != logits.shape:
-        raise ValueError(f"a gradient of shape {tuple(grad.shape)} for logits of shape {tuple(logits.shape)}")
-    logits, grad = logits.contiguous(), grad.to(torch.float32).contiguous()
+    logits, grad = dense(logits), dense(grad)
     grad_logits = torch.empty_like(logits)
     ok = _call(_library_or_raise().mhc_backward, n, iters, [logits, grad, grad_logits], BACKWARD_BUFFERS)
     return grad_logits if ok else None
@@ -183,7 +201,7 @@ def mix_forward(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
     reason = check_mix(x, coef, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    x, coef = x.contiguous(), coef.contiguous()
+    x, coef = dense(x), dense(coef)
     u, mixed = x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
     _call(_library_or_raise().mhc_mix_forward, n, 0, [x, coef, u, mixed], MIX_FORWARD_BUFFERS,
           dims=(n, x.size(0), x.size(2)))  # fmt: skip
@@ -192,35 +210,27 @@ def mix_forward(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 def mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """(grad_x, grad_coef) of mix_forward for grad_u and grad_mixed; grad_coef's H_post rows are zero."""
-    reason = check_mix(x, coef, n)
+    reason = check_mix_backward(x, coef, grad_u, grad_mixed, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    if grad_u.shape != (x.size(0), x.size(2)) or grad_mixed.shape != x.shape:
-        raise ValueError(f"gradients of shapes {tuple(grad_u.shape)} and {tuple(grad_mixed.shape)} for streams "
-                         f"of shape {tuple(x.shape)}")  # fmt: skip
-    x, coef = x.contiguous(), coef.contiguous()
-    grad_u, grad_mixed = grad_u.to(torch.float32).contiguous(), grad_mixed.to(torch.float32).contiguous()
+    x, coef, grad_u, grad_mixed = map(dense, (x, coef, grad_u, grad_mixed))
     grad_x, grad_coef = torch.empty_like(x), torch.empty_like(coef)
     _call(_library_or_raise().mhc_mix_backward, n, 0, [x, coef, grad_u, grad_mixed, grad_x, grad_coef],
           MIX_BACKWARD_BUFFERS, dims=(n, x.size(0), x.size(2)))  # fmt: skip
     return grad_x, grad_coef
 
 
-def check_post(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> str | None:
+def check_post(mixed: Tensor, post: Tensor, out: Tensor, n: int, name: str = "mixed") -> str | None:
     """Why the depth-connection kernel cannot take these inputs, or None: mixed (tokens, n, C), post (n, tokens)
     and out (tokens, C), float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <=
-    MAX_WIDTH. n is given (an int; under tracing the shapes are tensors)."""
-    reason = check_mix(mixed, None, n)
+    MAX_WIDTH. n is given (an int; under tracing the shapes are tensors); ``name``: mixed's argument name (the
+    backward's grad)."""
+    reason = check_mix(mixed, None, n, name)
     if reason is not None:
         return reason
-    for t in (post, out):
-        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
-            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
     tokens, width = mixed.shape[0], mixed.shape[2]
-    if post.shape != (n, tokens) or out.shape != (tokens, width):
-        return (f"H_post of shape {tuple(post.shape)} and a branch output of shape {tuple(out.shape)} for streams "
-                f"of shape {tuple(mixed.shape)}")  # fmt: skip
-    return None
+    return first(tensor("post", post, (n, tokens), f" for {name} of shape {tuple(mixed.shape)}"),
+                 tensor("out", out, (tokens, width), f" for {name} of shape {tuple(mixed.shape)}"))  # fmt: skip
 
 
 def usable_post(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> bool:
@@ -234,7 +244,7 @@ def post_forward(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
     reason = check_post(mixed, post, out, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    mixed, post, out = mixed.contiguous(), post.contiguous(), out.contiguous()
+    mixed, post, out = dense(mixed), dense(post), dense(out)
     new = torch.empty_like(mixed)
     _call(_library_or_raise().mhc_post_forward, n, 0, [mixed, post, out, new], POST_FORWARD_BUFFERS,
           dims=(n, mixed.size(0), mixed.size(2)))  # fmt: skip
@@ -244,10 +254,10 @@ def post_forward(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
 def post_backward(grad: Tensor, post: Tensor, out: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """(grad_post (n, tokens), grad_out (tokens, C)) of post_forward for grad (tokens, n, C) of its result (the
     gradient of mixed is grad itself)."""
-    reason = check_post(grad, post, out, n)
+    reason = check_post(grad, post, out, n, "grad")
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    grad, post, out = grad.contiguous(), post.contiguous(), out.contiguous()
+    grad, post, out = dense(grad), dense(post), dense(out)
     grad_post, grad_out = torch.empty_like(post), torch.empty_like(out)
     _call(_library_or_raise().mhc_post_backward, n, 0, [grad, post, out, grad_post, grad_out],
           POST_BACKWARD_BUFFERS, dims=(n, grad.size(0), grad.size(2)))  # fmt: skip
@@ -262,16 +272,16 @@ def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates
     max_n = MAX_LITE_N if permutations else MAX_N
     if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= max_n or not 1 <= iters <= MAX_ITERS:
         return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {max_n} and 1 to {MAX_ITERS})"
-    for t in (v, gain, phi, bias, gates):
-        if t.dtype != torch.float32 or not t.is_cpu or t.layout != torch.strided:
-            return f"a {t.dtype} {t.layout} tensor on {t.device} (the kernel takes float32 CPU tensors)"
+    reason = first(*(kind(name, t) for name, t in (("v", v), ("gain", gain), ("phi", phi), ("bias", bias),
+                                                     ("gates", gates))))  # fmt: skip
+    if reason is not None:
+        return reason
     k = 2 * n + (math.factorial(n) if permutations else n * n)
     if v.dim() != 2 or not 1 <= v.size(0) <= MAX_TOKENS or v.size(1) % n or not 1 <= v.size(1) // n <= MAX_WIDTH:
-        return f"streams of shape {tuple(v.shape)} for n = {n} ((1 to {MAX_TOKENS}, n C))"
-    if gain.shape != (v.size(1),) or phi.shape != (v.size(1), k) or bias.shape != (k,) or gates.shape != (3,):
-        return (f"parameters of shapes {[tuple(t.shape) for t in (gain, phi, bias, gates)]} for n C = {v.size(1)} "
-                f"and K = {k}")  # fmt: skip
-    return None
+        return f"v of shape {tuple(v.shape)} (allowed: (1 to {MAX_TOKENS} tokens, n C), C 1 to {MAX_WIDTH}, n = {n})"
+    what = f" for n C = {v.size(1)} and K = {k}"
+    return first(tensor("gain", gain, (v.size(1),), what), tensor("phi", phi, (v.size(1), k), what),
+                 tensor("bias", bias, (k,), what), tensor("gates", gates, (3,)))  # fmt: skip
 
 
 def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
@@ -284,11 +294,11 @@ def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tens
     reason = check_coefficients(v, gain, phi, bias, gates, n, iters, permutations)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
-    v = v.detach().contiguous()
-    if weight is None or weight.shape != phi.shape[::-1] or weight.dtype != v.dtype:
+    v = dense(v.detach())
+    if weight is None or kind("weight", weight) is not None or weight.shape != phi.shape[::-1]:
         weight = (phi.detach() * gain.detach().unsqueeze(-1)).t()
     raw = torch.mm(weight, v.t())  # (K, tokens), contiguous
-    buffers = [v, raw, bias.detach().contiguous(), gates.detach().contiguous()]
+    buffers = [v, raw, dense(bias.detach()), dense(gates.detach())]
     out = v.new_empty(2 * n + n * n, v.size(0))
     lib = _library_or_raise()
     fn = lib.mhc_lite_coefficients if permutations else lib.mhc_coefficients

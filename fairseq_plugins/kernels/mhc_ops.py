@@ -34,6 +34,13 @@ NO_DOUBLE_BACKWARD_STREAMS = (
 )
 
 
+def _refuse(reason: str | None) -> None:
+    """A fake implementation's refusal: the real one's error, for the same check (the meta tensors of a mixed
+    call like the tensors of torch.compile reach the fake implementation, not the kernel)."""
+    if reason is not None:
+        raise ValueError(f"the mHC kernel cannot take {reason}")
+
+
 def _pytorch(logits: Tensor, n: int, iters: int) -> Tensor:
     from ..modules.mhc import gates_pytorch  # mhc.py imports this module
 
@@ -78,9 +85,7 @@ mhc_gates = torch.library.custom_op("fairseq_plugins::mhc_gates", mutates_args=(
 
 @mhc_gates.register_fake
 def _(logits, n, iters):
-    reason = mhc_kernel.check(logits, n, iters)
-    if reason is not None:
-        raise ValueError(f"the mHC kernel cannot take {reason}")
+    _refuse(mhc_kernel.check(logits, n, iters))
     return torch.empty_like(logits)
 
 
@@ -90,6 +95,7 @@ mhc_gates_backward = torch.library.custom_op("fairseq_plugins::mhc_gates_backwar
 
 @mhc_gates_backward.register_fake
 def _(logits, grad, n, iters):
+    _refuse(mhc_kernel.check_backward(logits, grad, n, iters))
     return torch.empty_like(logits)
 
 
@@ -142,9 +148,7 @@ mhc_mix = torch.library.custom_op("fairseq_plugins::mhc_mix", mutates_args=(), d
 
 @mhc_mix.register_fake
 def _(x, coef, n):
-    reason = mhc_kernel.check_mix(x, coef, n)
-    if reason is not None:
-        raise ValueError(f"the mHC kernel cannot take {reason}")
+    _refuse(mhc_kernel.check_mix(x, coef, n))
     return x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
 
 
@@ -154,6 +158,7 @@ mhc_mix_backward = torch.library.custom_op("fairseq_plugins::mhc_mix_backward", 
 
 @mhc_mix_backward.register_fake
 def _(x, coef, grad_u, grad_mixed, n):
+    _refuse(mhc_kernel.check_mix_backward(x, coef, grad_u, grad_mixed, n))
     return torch.empty_like(x), torch.empty_like(coef)
 
 
@@ -212,9 +217,7 @@ mhc_post = torch.library.custom_op("fairseq_plugins::mhc_post", mutates_args=(),
 
 @mhc_post.register_fake
 def _(mixed, post, out, n):
-    reason = mhc_kernel.check_post(mixed, post, out, n)
-    if reason is not None:
-        raise ValueError(f"the mHC kernel cannot take {reason}")
+    _refuse(mhc_kernel.check_post(mixed, post, out, n))
     return torch.empty_like(mixed)
 
 
@@ -224,6 +227,7 @@ mhc_post_backward = torch.library.custom_op("fairseq_plugins::mhc_post_backward"
 
 @mhc_post_backward.register_fake
 def _(grad, post, out, n):
+    _refuse(mhc_kernel.check_post(grad, post, out, n, "grad"))
     return torch.empty_like(post), torch.empty_like(out)
 
 
@@ -279,9 +283,7 @@ hc_coef = torch.library.custom_op("fairseq_plugins::hc_coef", mutates_args=(), d
 
 @hc_coef.register_fake
 def _(x, weight, bias, w, static, scale, n, eps):
-    reason = hc_kernel.check_hc_coefficients(x, weight, bias, w, static, scale, n)
-    if reason is not None:
-        raise ValueError(f"the mHC kernel cannot take {reason}")
+    _refuse(hc_kernel.check_hc_coefficients(x, weight, bias, w, static, scale, n))
     out = x.new_empty(n * (n + 2), x.size(0))
     return out, torch.empty_like(out)
 
@@ -292,6 +294,7 @@ hc_coef_backward = torch.library.custom_op("fairseq_plugins::hc_coef_backward", 
 
 @hc_coef_backward.register_fake
 def _(x, weight, bias, w, scale, z, grad, n, eps):
+    _refuse(hc_kernel.check_hc_coefficients_backward(x, weight, bias, w, scale, z, grad, n))
     return (torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias), torch.empty_like(w),
             torch.empty_like(scale), torch.empty_like(scale))  # fmt: skip
 
