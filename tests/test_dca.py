@@ -133,6 +133,21 @@ def test_grn_matches_the_equations_and_their_gradients(cls, outputs):
 
 
 @pytest.mark.parametrize("cls", [GRNv1, GRNv2, GRNv3])
+@pytest.mark.parametrize("grad", [True, False])
+def test_grn_mixes_an_empty_batch(cls, grad):
+    """Zero tokens (an empty batch): the kernel refuses it and the PyTorch path runs, which reshaped with -1."""
+    grn, norm = cls(8, 4, 2), torch.nn.LayerNorm(8)
+    stack = torch.randn(4, 0, 3, 8, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        out = grn([stack[:1], stack[1:]])
+        first, normed = grn([stack[:1], stack[1:]], norm=norm)
+    assert out.shape == (2, 0, 3, 8) and first.shape == (0, 3, 8) and normed.shape == (2, 0, 3, 8)
+    if grad:
+        (out.sum() + normed.sum()).backward()
+        assert stack.grad.shape == stack.shape
+
+
+@pytest.mark.parametrize("cls", [GRNv1, GRNv2, GRNv3])
 def test_grn_starts_as_the_plain_sum_and_w_can_leave_zero(cls):
     grn = cls(8, 4, 3)
     stack = torch.randn(4, 5, 2, 8, requires_grad=True)

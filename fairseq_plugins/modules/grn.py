@@ -148,10 +148,10 @@ class _GRNFunction(torch.autograd.Function):
         # ties a double backward's error to the saved inputs
         if not with_norm:
             ctx.save_for_backward(b, w, None, None, None, None, *chunks, *stats)
-            return x.view(-1, *ctx.shape)
+            return x.view(x.shape[0], *ctx.shape)  # not -1: ambiguous for an empty batch
         h, mean, rstd = torch.native_layer_norm(x, (dim,), norm_weight, norm_bias, norm_eps)
         ctx.save_for_backward(b, w, norm_weight, norm_bias, mean, rstd, *chunks, *stats)
-        return x[0].view(ctx.shape), h.view(-1, *ctx.shape)
+        return x[0].view(ctx.shape), h.view(h.shape[0], *ctx.shape)
 
     @staticmethod
     @grn_ops.once_differentiable  # no double backward, as in the kernels' operator (one error for both)
@@ -172,9 +172,9 @@ class _GRNFunction(torch.autograd.Function):
             grad_x[0] += grad_first.reshape(x.shape[1:])
             work = x if work is None else work  # x is done with: its memory is the next workspace
         else:
-            grad_x, work = grads[0].reshape(-1, flat[0].size(1), dim), None
+            grad_x, work = grads[0].reshape(grads[0].size(0), flat[0].size(1), dim), None
         grad_b, grad_w, grad_flat = _mix_backward(grad_x, list(flat), b, w, gates, work)
-        chunk_grads = [g.view(-1, *ctx.shape) for g in grad_flat]
+        chunk_grads = [g.view(g.shape[0], *ctx.shape) for g in grad_flat]
         return grad_b, grad_w, grad_norm_weight, grad_norm_bias, None, None, *chunk_grads
 
 
@@ -193,8 +193,8 @@ def _grn_no_grad(chunks: list[Tensor], b: Tensor, w: Tensor | None, norm: nn.Mod
     else:
         x, _ = _mix([flat], b, gates)
     if norm is None:
-        return x.view(-1, *shape)
-    return x[0].view(shape), F.layer_norm(x, (dim,), norm.weight, norm.bias, norm.eps).view(-1, *shape)
+        return x.view(x.shape[0], *shape)  # not -1: ambiguous for an empty batch
+    return x[0].view(shape), F.layer_norm(x, (dim,), norm.weight, norm.bias, norm.eps).view(x.shape[0], *shape)
 
 
 def _grn_kernel(chunks: list[Tensor], b: Tensor, w: Tensor | None, weight: Tensor | None, bias: Tensor | None,
