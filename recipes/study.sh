@@ -29,6 +29,13 @@
 #                 per-sentence log-likelihoods instead of BLEU (scripts/study/study_lm.py)
 #   OUT_DIR       [work_dirs/study]
 #   REPORT_ONLY [0]  1: train nothing, report the runs finished so far (the report lists the missing ones)
+#   EXECUTOR [local] local: JOBS runs here; submitit-local: every run a submitit job here; slurm: the runs
+#                 as SLURM job arrays through submitit, requeued at a time limit or preemption and resumed from
+#                 their checkpoint (docs/study_tool.md), with PARTITION [cluster's], GPUS_PER_RUN [0: CPU],
+#                 CPUS_PER_TASK [THREADS or 8], MEM [cluster's], TIME_LIMIT [240 minutes], ARRAY_PARALLELISM [all],
+#                 SLURM_ARGS [none] more sbatch options 'account=abc qos=high' (GPUS_PER_RUN, TIME_LIMIT:
+#                 submitit-local too)
+#   DRY_RUN [0]   1: print the job scripts (slurm: the sbatch script) and the runs' commands; submit nothing
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # main_job.sh runs this file with its own entry point (the main job is a small study)
@@ -43,7 +50,9 @@ for pair in ARCHS:--archs SEEDS:--seeds VARIANTS:--variants MAX_UPDATE:--max-upd
             THREADS:--threads BOOTSTRAP:--bootstrap MULTI30K_DIR:--raw-dir DATA_BIN:--data-bin \
             TRAIN_LINES:--train-lines VOCAB_SIZE:--vocab-size SRC:--src TGT:--tgt OUT_DIR:--out-dir \
             PATIENCE:--patience LEVEL_MARGIN:--level-margin FALLING_LAST:--falling-last FALLING_SLOPE:--falling-slope \
-            TASK:--task PAIRS:--pairs ARCH_LRS:--arch-lrs; do
+            TASK:--task PAIRS:--pairs ARCH_LRS:--arch-lrs EXECUTOR:--executor PARTITION:--partition \
+            GPUS_PER_RUN:--gpus-per-run CPUS_PER_TASK:--cpus-per-task MEM:--mem TIME_LIMIT:--time-limit \
+            ARRAY_PARALLELISM:--array-parallelism SLURM_ARGS:--slurm-args; do
   name="${pair%%:*}"
   if [ -n "${!name:-}" ]; then args+=("${pair#*:}" "${!name}"); fi
 done
@@ -58,4 +67,6 @@ if [ "$lm" = 1 ]; then
 fi
 report_only="$(bool_var REPORT_ONLY 0)"
 if [ "$report_only" = 1 ]; then args+=(--report-only); fi
+dry_run="$(bool_var DRY_RUN 0)"
+if [ "$dry_run" = 1 ]; then args+=(--dry-run); fi
 exec "$py" "$script" "${args[@]}" "$@"

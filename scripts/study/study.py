@@ -29,6 +29,10 @@ as the score and a paired bootstrap on per-sentence log-likelihoods instead of B
 Resuming: finished runs are skipped, interrupted ones continue from their last checkpoint (study_run). Run it
 again with the same settings after an interruption (Ctrl-C stops all runs).
 
+On a cluster: EXECUTOR=slurm makes every run's training and evaluation one submitit job (job arrays, requeued at a
+time limit or preemption and resumed from the checkpoint), EXECUTOR=submitit-local the same jobs on this machine;
+the records and the report are the local path's (study_submitit.py, docs/study_tool.md). DRY_RUN=1 prints the jobs.
+
 The console gets a compact view only (a line per run: updates, train/valid loss, elapsed and remaining time;
 redrawn in place on a terminal, otherwise printed at every fifth of the work); fairseq's own output goes to
 ``OUT_DIR/runs/RUN/train.log`` (JSON records, ``--log-format json``) and ``OUT_DIR/logs/``.
@@ -51,6 +55,7 @@ import study_checks
 import study_lm
 import study_lm_report
 import study_report
+import study_submitit
 from study_common import (
     REPO,
     VARIANTS,
@@ -74,7 +79,7 @@ WIDTH_128 = ("--encoder-embed-dim 128 --decoder-embed-dim 128 "
 ENV_VARS = ("ARCHS", "SEEDS", "VARIANTS", "MAX_UPDATE", "TRAIN_MINUTES", "MODEL_ARGS", "TRAIN_LINES", "MULTI30K_DIR",
             "DATA_BIN", "OUT_DIR", "LRS", "WARMUPS", "JOBS", "THREADS", "MAX_TOKENS", "VALID_EVERY", "BOOTSTRAP",
             "ARCH_LRS", "VOCAB_SIZE", "SRC", "TGT", "VERIFY_COUNTS", "PATIENCE", "LEVEL_MARGIN", "FALLING_LAST", "FALLING_SLOPE", "TASK", "LM",
-            "PAIRS")  # fmt: skip
+            "PAIRS", *study_submitit.ENV_VARS)  # fmt: skip
 
 
 @dataclass
@@ -154,6 +159,7 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--report-only", action="store_true",
                    help="REPORT_ONLY=1: train nothing; report the runs finished so far and list the missing ones")
     p.add_argument("--out-dir", type=Path, default=d.out_dir, help=f"OUT_DIR: everything goes here (default {d.out_dir})")
+    study_submitit.add_options(p)  # EXECUTOR and its settings (a cluster through submitit), DRY_RUN
     args = p.parse_args(own)
     args.extra = extra
     args.defaults = d
@@ -244,6 +250,7 @@ def validate(args, d: Defaults) -> None:
         raise RecipeError(f"DATA_BIN (--data-bin)={args.data_bin}: no such directory")
     cores = os.cpu_count() or 1
     runs = len(args.arch_list) * len(args.variant_list) * len(args.seed_list)
+    study_submitit.validate(args, runs, cores)  # EXECUTOR's settings; with submitit, JOBS and THREADS too
     args.jobs = args.jobs or (runs if d.jobs == "all" else cores)
     args.threads = args.threads or max(1, cores // args.jobs)
     args.budget = Budget(max_update=args.max_update, minutes=args.train_minutes, patience=args.patience)
@@ -330,7 +337,7 @@ def main(argv=None, defaults: Defaults | None = None):
     warnings.filterwarnings("ignore")
     args = parse_args(argv, defaults)
     tag = args.defaults.tag
-    warn_misspelt(tag, (*ENV_VARS, "REPORT_ONLY"))
+    warn_misspelt(tag, (*ENV_VARS, "REPORT_ONLY", "DRY_RUN"))
     started = _now()
     check_archs(args.arch_list, "ARCHS (--archs)", lm=args.task == study_lm.TASK)
     out = args.out_dir
@@ -359,9 +366,13 @@ def main(argv=None, defaults: Defaults | None = None):
         context = reporter.report(args, study, runs, data, manifest, info, started, ENV_VARS, REPO, missing)
         print(f"\n{table(context['rows'])}\n\ntables: {out / 'results.md'}, {out / 'results.json'}", flush=True)
         return
+    if args.dry_run:
+        study_submitit.dry_run(study, tuning, later)
+        return
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        runs = study.execute(tuning, later)
+        # EXECUTOR=local: JOBS processes here; otherwise submitit jobs, each Study.execute of one run (study_submitit)
+        runs = study.execute(tuning, later) if args.executor == "local" else study_submitit.execute(study, tuning, later)
     except BaseException:
         for proc in [*study.train.values(), *study.evals.values()]:
             proc.stop()

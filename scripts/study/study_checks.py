@@ -103,7 +103,7 @@ def check_pairs(args, cores: int) -> None:
             raise RecipeError(f"PATIENCE={args.patience} with MAX_UPDATE={args.max_update} and VALID_EVERY={args.valid_every}: "
                               f"only {validations} validations, so early stopping can never stop a run; use PATIENCE "
                               f"<= {max(1, validations // 4)}, a smaller VALID_EVERY or a larger MAX_UPDATE (the cap)")  # fmt: skip
-    if args.train_minutes and args.jobs * args.threads > cores:
+    if args.train_minutes and args.jobs * args.threads > cores and getattr(args, "executor", "local") != "slurm":  # slurm: a node each
         raise RecipeError(f"TRAIN_MINUTES={args.train_minutes:g} with JOBS={args.jobs} x THREADS={args.threads} on "
                           f"{cores} cores: runs sharing cores get less work done per minute, so a time budget is not "
                           f"equal; use JOBS x THREADS <= {cores}, or MAX_UPDATE instead of TRAIN_MINUTES")  # fmt: skip

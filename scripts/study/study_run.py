@@ -302,10 +302,13 @@ class Study(Console):
 
     def _command(self, run: Run, save_dir: Path, extra: list[str]) -> list[str]:
         if self.lm:
-            return study_lm.train_command(run, self.args.setup, self.args.budget, self.data, save_dir,
-                                          self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
-        return train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, save_dir,
-                             self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+            cmd = study_lm.train_command(run, self.args.setup, self.args.budget, self.data, save_dir,
+                                         self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+        else:
+            cmd = train_command(run, self.args.setup, self.args.budget, self.data, self.manifest, save_dir,
+                                self.args.valid_every, self.args.model_arg_list, extra)  # fmt: skip
+        # GPUS_PER_RUN (a submitit executor's): fairseq trains on the job's GPUs, so the command drops --cpu
+        return [c for c in cmd if c != "--cpu"] if getattr(self.args, "gpus_per_run", 0) else cmd
 
     def _evaluate(self, run: Run) -> Process:
         if self.lm:  # perplexity and per-sentence log-likelihoods of valid and test (study_lm_eval.py)
@@ -314,7 +317,8 @@ class Study(Console):
             return Process(cmd, self.run_dir(run) / "eval.log", self.args.threads, mode="w")
         cmd = [sys.executable, SCRIPTS / "training" / "evaluate_recipe.py", self.data,
                self.run_dir(run) / "checkpoints" / "checkpoint_best.pt", "--output-dir", self.run_dir(run) / "eval",
-               "--sets", self.test_set["name"], "--gpu", "0", "--max-tokens", "4000", "--",
+               "--sets", self.test_set["name"], "--gpu", "auto" if getattr(self.args, "gpus_per_run", 0) else "0",
+               "--max-tokens", "4000", "--",
                "--max-len-a", "1.5", "--max-len-b", "10"]  # fmt: skip
         return Process([str(c) for c in cmd], self.run_dir(run) / "eval.log", self.args.threads, mode="w")
 
