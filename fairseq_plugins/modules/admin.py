@@ -104,7 +104,10 @@ def profile_(encoder_layers, decoder_layers, forward) -> None:
         for layer in layers:
             layer.admin_profile = profile
     try:
-        forward()
+        # the profiling reads each variance on the host (a float per sublayer): eager even where the layers are
+        # compiled (torch.compile would break the graph at every read; it runs once)
+        with torch.compiler.set_stance("force_eager"):
+            forward()
     finally:
         for layers, _ in stacks:
             for layer in layers:

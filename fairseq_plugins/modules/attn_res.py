@@ -216,6 +216,15 @@ class _Read(torch.autograd.Function):
         return (None, None, None, grad_partial, grad_partial_logit) + (None,) * ctx.handles
 
 
+def _plain(state: "AttnResState") -> bool:
+    """Whether this pass takes the plain path: autograd's own backward over the stacked sources, no shared
+    buffers. torch.compile cannot trace _Store's and _Read's state shared outside autograd (in-place writes into
+    ``_Sources``); under it the pass turns plain from here on, and the compiler fuses the plain operators."""
+    if torch.compiler.is_compiling():
+        state.sources = None
+    return state.sources is None
+
+
 @dataclass
 class AttnResState:
     """The sources of one stack for one forward pass: completed blocks (b_0 = embedding first), the current
@@ -250,6 +259,9 @@ class AttentionResiduals(nn.Module):
         self.key_gains = nn.Parameter(torch.ones(num_sublayers + 1, embed_dim))  # RMSNorm gains on the keys
 
     def _add_block(self, state: AttnResState, block: Tensor) -> None:
+        if _plain(state):
+            state.blocks.append(block)
+            return
         # a completed block is a source of every later query, and its values never change: its logits for
         # all of them in one product (read once, one GEMM) instead of one matrix-vector product per read
         # (autocast, the plugin's --autocast-dtype, would run the logits in half precision)
@@ -264,7 +276,9 @@ class AttentionResiduals(nn.Module):
         slots = 1 + self.num_sublayers // self.block_size
         with autocast_off(embedding.device.type):
             keys = (self.queries * self.key_gains).to(acc)
-        sources = _Sources(tokens, slots, self.num_sublayers + 1, embedding, acc, not torch.is_grad_enabled())
+        sources = None  # under torch.compile: the plain path (``_plain``)
+        if not torch.compiler.is_compiling():
+            sources = _Sources(tokens, slots, self.num_sublayers + 1, embedding, acc, not torch.is_grad_enabled())
         state = AttnResState(sources=sources, keys=keys)
         self._add_block(state, embedding)
         return state
@@ -282,15 +296,33 @@ class AttentionResiduals(nn.Module):
         shape = state.blocks[0].shape
         # autocast (the plugin's --autocast-dtype) would run the logits, softmax and products in half precision
         with autocast_off(state.blocks[0].device.type):
+            if _plain(state):
+                values, logits = self._plain_logits(index, state)
+                weights = logits.softmax(-1).t().unsqueeze(-1).to(values.dtype)  # (sources, tokens, 1)
+                return (weights * values).sum(0).view(shape)
             partial, partial_logit = self._partial(index, state)
             out = call(_Read, state.sources, index, len(state.blocks), partial, partial_logit, *state.handles)
         return out.view(shape)
+
+    def _plain_logits(self, index: int, state: AttnResState) -> tuple[Tensor, Tensor]:
+        """The sources (completed blocks, then the partial sum if any) stacked as (sources, tokens, C) and their
+        logits for query ``index`` (tokens, sources): the formula _Store and _Read compute, by autograd."""
+        rows = [v.reshape(-1, v.shape[-1]) for v in state.blocks]
+        if state.partial is not None:
+            rows.append(state.partial.reshape(-1, state.partial.shape[-1]))
+        dtype = functools.reduce(torch.promote_types, [r.dtype for r in rows])
+        values = torch.stack([r.to(dtype) for r in rows])
+        vv = values.to(state.keys.dtype)
+        logits = (vv @ state.keys[index]) * torch.rsqrt(vv.square().mean(-1) + self.eps)
+        return values, logits.t()
 
     def weights(self, index: int, state: AttnResState) -> Tensor:
         """alpha_{i->l} of query ``index`` over the sources it would read now, (tokens, sources): the completed
         blocks in order (the embedding first), then the partial sum if any. For inspection
         (scripts/analysis/attnres_weights.py); ``read`` computes the same softmax inside its autograd function."""
         with torch.no_grad(), autocast_off(state.blocks[0].device.type):
+            if state.sources is None:
+                return self._plain_logits(index, state)[1].softmax(-1)
             _, partial_logit = self._partial(index, state)
             logits = state.sources.logits[:, : len(state.blocks), index]
             if partial_logit is not None:

@@ -59,19 +59,22 @@ class DepthWeightedAverages(nn.Module):
 
     def __init__(self, num_layers: int, dilation: int = 1, period: int = 1):
         super().__init__()
-        self.dilation, self.period = dilation, period
+        self.num_layers, self.dilation, self.period = num_layers, dilation, period
         self.weights = nn.ParameterDict()
         for i in dwa_points(num_layers, period):
             a = torch.zeros(i // dilation + 1)
             a[-1] = 1.0  # a_{i,i} = 1: Y_i = X_i at initialisation
             self.weights[str(i)] = nn.Parameter(a)
 
+    # i found by arithmetic, not by its name str(i): under torch.compile a layer index can be a symbolic int,
+    # which str() cannot take (a graph break); the weights of block i are the (i / p)-th, 1-based, in dwa_points
     def has(self, i: int) -> bool:
-        return str(i) in self.weights
+        return i % self.period == 0 and 1 <= i <= self.num_layers
 
     def forward(self, i: int, stack: Tensor) -> Tensor:
         """Y_i from the stack (i + 1, seq_len, batch, embed_dim) = [X_0, ..., X_i]."""
-        return _combine(self.weights[str(i)], stack[i % self.dilation :: self.dilation])
+        weights = list(self.weights.values())[i // self.period - 1]
+        return _combine(weights, stack[i % self.dilation :: self.dilation])
 
 
 class DynamicLinearCombination(nn.Module):

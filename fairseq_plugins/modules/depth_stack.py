@@ -19,6 +19,10 @@ Memory and speed: every output is written once into a buffer preallocated for th
 (DenseFormer's trick, in the model's dtype, so half precision stays half); a GRN reads a window of it as a
 tensor that aliases the buffer, so nothing is concatenated per layer and backward saves no copies. A window
 costs O(entries read), so the per-layer cost of k-DCA does not grow with depth.
+
+Under torch.compile the stack is a plain list and a window is ``torch.stack`` of its entries: the aliasing
+above (``Tensor.set_``, data pointers) cannot be traced, and the compiler plans the memory itself. A stack begun
+outside compiled code and pushed to inside it turns into a list at that push (the same values either way).
 """
 
 import torch
@@ -76,8 +80,10 @@ class DepthStack:
         # without autograd (decoding) nothing is saved for backward, so the k-DCA middle sum is kept in one more
         # slot and updated in place, and the GRNs of all layers write into one workspace (grn_out): a layer is
         # done with its GRN outputs before the next one runs. Fewer, smaller allocations per decoding step.
-        self.in_place = not torch.is_grad_enabled()
-        self.buffer = x.new_empty(num_layers + 1 + (1 if k and self.in_place else 0), *x.shape)
+        self.in_place = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        self.buffer: Tensor | None = None  # None: a plain list (under torch.compile, module docstring)
+        if not torch.compiler.is_compiling():
+            self.buffer = x.new_empty(num_layers + 1 + (1 if k and self.in_place else 0), *x.shape)
         self.slots: list[Tensor] = []
         self.middle: Tensor | None = None
         self.workspace: tuple[Tensor, Tensor] | None = None
@@ -86,7 +92,11 @@ class DepthStack:
     def push(self, f: Tensor) -> None:
         """Append one layer output f: `(seq_len, batch, embed_dim)`."""
         index = len(self.slots)
-        if torch.is_grad_enabled():
+        if torch.compiler.is_compiling():
+            self.buffer, self.in_place = None, False  # from here on a list (module docstring)
+        if self.buffer is None:
+            self.slots.append(f)
+        elif torch.is_grad_enabled():
             self.slots.append(_Write.apply(self.buffer, index, f))
         else:
             slot = self.buffer[index]
@@ -105,12 +115,12 @@ class DepthStack:
     def next_slot(self) -> Tensor | None:
         """Without autograd, the buffer slot the next push fills, for a layer to write its output into (push
         then copies nothing); else None."""
-        return self.buffer[len(self.slots)] if self.in_place else None
+        return self.buffer[len(self.slots)] if self.in_place and not torch.compiler.is_compiling() else None
 
     def grn_out(self, outputs: int) -> tuple[Tensor, Tensor] | None:
         """Without autograd, the outputs (x[0], h) of a GRN with ``outputs`` outputs, shared by the GRNs of this
         pass (the last one's h is the encoder's or decoder's output, which nothing overwrites); else None."""
-        if not self.in_place:
+        if not self.in_place or torch.compiler.is_compiling():
             return None
         if self.workspace is None or self.workspace[1].size(0) < outputs:
             x = self.slots[0]
@@ -125,6 +135,8 @@ class DepthStack:
     def _window(self, start: int, stop: int) -> Tensor:
         if stop - start == 1:
             return self.slots[start].unsqueeze(0)
+        if self.buffer is None or torch.compiler.is_compiling():
+            return torch.stack(self.slots[start:stop])
         if torch.is_grad_enabled():
             return _Read.apply(self.buffer, start, stop, *self.slots[start:stop])
         return self.buffer[start:stop]

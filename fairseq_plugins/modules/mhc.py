@@ -27,15 +27,20 @@ initialisation (not stated by the paper; HC's and both reference codes' choice),
 at its static part. All coefficient maths (RMSNorm, products with phi, sigmoid, Sinkhorn, softmax) runs in
 float32 (the paper's table keeps coefficients fp32); the mixing itself runs in the streams' dtype.
 
-Static init b (the paper states none). ``bias_init="preln"`` (default, ours): HC's initialisation (H_pre =
-e_{k mod n}, H_res = I, H_post = 1, site k) mapped through mHC's constraints: b_pre = +1 on stream k mod n and
--1 elsewhere (sigmoid cannot be one-hot; the branch input is then 0.73 x_k + 0.27 sum_others, which is 1.54 h
-when all streams equal h, and the sublayer's LayerNorm removes the scale), b_post = 0 (H_post = 1 exactly),
-b_res = 0 on the diagonal and -8 off it (H_res ~ I; any row-stochastic H_res maps equal streams to
-themselves). So at initialisation every stream equals the Pre-LN state (up to LayerNorm's eps), and the
-asymmetric b_pre breaks the symmetry between streams. ``bias_init="mhc_lite"``: the FFTYYY/mhc-lite code's
-values (its ``mhc.py`` and ``mhc_lite.py``, read at ea19775): the same b_pre and b_res, b_post = +1 on
-stream k mod n, -1 elsewhere (H_post = 1.46 / 0.54): not Pre-LN at initialisation. ``bias_init="mixed"``:
+Static init b (the mHC paper states none). ``bias_init="mhc_lite"`` (default since issue 55): the values of the
+authors' line of code, FFTYYY/mhc-lite (its ``mhc.py`` and ``mhc_lite.py``, read at ea19775; the mHC-lite
+authors' own code and their mHC): b_pre = b_post = +1 on stream k mod n and -1 elsewhere (``init_alpha0``,
+``beta_init``), so H_pre = sigmoid(+-1) = 0.73 / 0.27 and H_post = 2 sigmoid(+-1) = 1.46 / 0.54; b_res = 0 on
+the diagonal and -8 off it (``init_alpha1``; mHC-lite: 0 for the identity permutation, -8 for the others), so
+H_res ~ I (0.99899 on the diagonal for n = 4; mHC-lite 0.99401). Not Pre-LN at initialisation: the
+streams part from the first sublayer, stream k mod n receiving 1.46 F and the others 0.54 F. (The code draws k
+at random per unit when no layer index is given, as its model.py does; here k is the sublayer's index, HC's
+rule.) ``bias_init="preln"`` (the default before issue 55, ours): HC's initialisation (H_pre = e_{k mod n},
+H_res = I, H_post = 1, site k) mapped through mHC's constraints: the same b_pre and b_res, b_post = 0 (H_post = 1
+exactly); the branch input is then 0.73 x_k + 0.27 sum_others, which is 1.54 h when all streams equal h, and
+the sublayer's LayerNorm removes the scale; any row-stochastic H_res maps equal streams to themselves. So at
+initialisation every stream equals the Pre-LN state (up to LayerNorm's eps), and the asymmetric b_pre breaks
+the symmetry between streams. ``bias_init="mixed"``:
 preln's b_pre and b_post with H_res starting at SK(exp I), e / (e + n - 1) on the diagonal and 1 / (e + n - 1)
 off it (0.475 / 0.175 for n = 4; lucidrains' mHCv2 start; mHC-lite: the permutation logits that give the same
 matrix), so that the streams mix from the first step. Still the Pre-LN model at initialisation (H_res
@@ -91,10 +96,10 @@ NO_DOUBLE_BACKWARD = (
 )
 
 
-# exp-then-divide needs every iterate's entries representable: with the logits of a matrix within a spread s,
-# every entry of every iterate stays >= exp(-2 s) / n^2 (cross ratios are invariant under the scalings), a
-# normal float32 for s <= 30 at any n <= MAX_RATE. |logits| <= 15 bounds the spread by 30 (and exp by 3.3e6);
-# larger logits take the log-domain iteration
+# exp-then-divide (the C kernel's iteration, kernels/mhc_cpu.c) needs every iterate's entries representable:
+# with the logits of a matrix within a spread s, every entry of every iterate stays >= exp(-2 s) / n^2 (cross
+# ratios are invariant under the scalings), a normal float32 for s <= 30 at any n <= MAX_RATE. |logits| <= 15
+# bounds the spread by 30 (and exp by 3.3e6); the kernel sends larger logits to the PyTorch code (log domain)
 MAX_EXP_LOGIT = 15.0
 
 
@@ -118,12 +123,14 @@ def sinkhorn_tokens_last(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
 
     Tokens last, every operator runs over contiguous rows of tokens (vectorised); tokens first, each column
     or row sum and division ran over 4 floats at a time (measured 5.4 -> 1.4 ms forward and backward at 1000
-    tokens, n = 4). The paper's exp-then-divide (2 operators per normalisation, 3.5x fewer than the log
-    domain's logsumexp); the log domain only where the logits are too large for exp (``MAX_EXP_LOGIT``); both
-    give the same iterates up to rounding."""
-    if logits.numel() and logits.abs().amax() > MAX_EXP_LOGIT:
-        return _sinkhorn_log(logits, iters)
-    return _Normalisations.apply(logits.exp().contiguous(), iters)
+    tokens, n = 4). Always in the log domain, exact for logits of any size, so that nothing reads the logits to
+    choose a path (choosing exp-then-divide for small logits read ``logits.abs().amax()`` on the host: a device
+    sync per unit, 28 graph breaks of torch.compile per tiny training step, and no CUDA graphs); the same
+    iterates as the paper's exp-then-divide up to rounding. One log_softmax per normalisation (and the exp kept
+    for backward): as many operators as exp-then-divide's sum and division, so no more GPU launches; on the CPU
+    each costs an exp per entry (1000 tokens: 1.5x forward and backward, 3-4x forward alone), where the C
+    kernel runs."""
+    return _LogNormalisations.apply(logits, iters)
 
 
 def gates_pytorch(logits: Tensor, n: int, iters: int = SINKHORN_ITERS) -> Tensor:
@@ -134,40 +141,32 @@ def gates_pytorch(logits: Tensor, n: int, iters: int = SINKHORN_ITERS) -> Tensor
     return torch.cat([pre_post[:n], 2.0 * pre_post[n:], res.flatten(0, 1)])
 
 
-def _sinkhorn_log(logits: Tensor, iters: int) -> Tensor:
-    """The same iteration in the log domain (subtracting logsumexp): no overflow or underflow at any size."""
-    log_m = logits
-    for _ in range(iters):
-        log_m = log_m - torch.logsumexp(log_m, dim=0, keepdim=True)
-        log_m = log_m - torch.logsumexp(log_m, dim=1, keepdim=True)
-    return log_m.exp()
-
-
-class _Normalisations(torch.autograd.Function):
-    """``iters`` x (T_c, then T_r) of a positive matrix (n, n, tokens), with the backward written out: for
-    y = x / s, s the column (row) sums, dx = (dy - sum(dy y)) / s along the same axis. 4 operators per
-    normalisation backward and no autograd node per operator: half the cost of autograd's divisions and sums."""
+class _LogNormalisations(torch.autograd.Function):
+    """``iters`` x (T_c, then T_r) in the log domain, l <- l - logsumexp(l) along columns, then rows, of logits
+    (n, n, tokens); returns exp(l). Backward written out: for l' = l - logsumexp(l) along an axis,
+    dl = dl' - y sum(dl') along it with y = softmax(l) = exp(l'), the iterate itself: 3 operators per
+    normalisation and no autograd node per operator."""
 
     @staticmethod
-    def forward(ctx, m: Tensor, iters: int) -> Tensor:
-        saved = [m]  # the input only ties a double backward's error to it (once_differentiable)
+    def forward(ctx, logits: Tensor, iters: int) -> Tensor:
+        log_m, saved = logits, [logits]  # the input only ties a double backward's error to it (once_differentiable)
+        grad = ctx.needs_input_grad[0]  # without it (decoding) nothing is saved: one operator per normalisation
         for _ in range(iters):
             for dim in (0, 1):  # T_c: every column sums to 1 (over rows i), then T_r: every row sums to 1
-                total = m.sum(dim, keepdim=True)
-                m = m / total
-                saved += [m, total]
+                log_m = torch.log_softmax(log_m, dim)  # l - logsumexp(l) in one operator
+                if grad:
+                    saved.append(log_m.exp())
         ctx.save_for_backward(*saved)
-        return m
+        return saved[-1] if grad else log_m.exp()
 
     @staticmethod
     # its formula treats the saved iterates as constants: a second derivative would miss their terms
     @functools.partial(grn_ops.once_differentiable, message=NO_DOUBLE_BACKWARD)
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors[1:]
-        grad = grad.contiguous()  # arrives as a transposed view: strided operators are 3-4x slower
-        for k in range(len(saved) // 2 - 1, -1, -1):
-            y, total, dim = saved[2 * k], saved[2 * k + 1], 0 if k % 2 == 0 else 1
-            grad = (grad - (grad * y).sum(dim, keepdim=True)) / total
+        grad = grad.contiguous() * saved[-1]  # arrives as a transposed view: strided operators are 3-4x slower
+        for k in range(len(saved) - 1, -1, -1):
+            grad = grad - saved[k] * grad.sum(k % 2, keepdim=True)
         return grad, None
 
 
@@ -213,12 +212,12 @@ class ManifoldHyperConnection(DerivedFromParameters):
         site: k, the sublayer's index in its stack (b_pre favours stream k mod n).
         residual: ``sinkhorn`` (mHC) or ``permutations`` (mHC-lite).
         sinkhorn_iters: t_max (``sinkhorn`` only).
-        bias_init: ``preln`` or ``mhc_lite`` (see the module docstring).
+        bias_init: ``mhc_lite`` (the authors' code), ``preln`` or ``mixed`` (see the module docstring).
         gate_init: the initial a_pre, a_post, a_res.
     """
 
     def __init__(self, embed_dim: int, rate: int = 4, site: int = 0, residual: str = "sinkhorn",
-                 sinkhorn_iters: int = SINKHORN_ITERS, bias_init: str = "preln", gate_init: float = GATE_INIT,
+                 sinkhorn_iters: int = SINKHORN_ITERS, bias_init: str = "mhc_lite", gate_init: float = GATE_INIT,
                  rms_eps: float = RMS_EPS):
         super().__init__()
         if residual not in RESIDUALS or bias_init not in BIAS_INITS:

@@ -216,6 +216,10 @@ class MultiwayDenseConnections(nn.Module):
         self.connections = nn.ModuleList(connections)
 
     def start(self, x0: Tensor) -> tuple[list, tuple]:
+        if torch.compiler.is_compiling():
+            # the bank's autograd functions share state outside autograd, which torch.compile cannot trace: a
+            # plain list, whose running sums autograd differentiates (the compiler fuses them)
+            return [x0], (x0,) * self.ways
         state = _State([x0])
         state.outs = _Outputs(self.num_layers + 1, x0)
         state.handles = [call(_Keep, x0, state.outs)]
@@ -226,6 +230,8 @@ class MultiwayDenseConnections(nn.Module):
         if not 1 <= index <= self.num_layers or len(state) != index:
             raise IndexError(f"MUDD block index {index} out of order (have {len(state)} outputs)")
         state.append(output)
-        if isinstance(state, _State):
+        if isinstance(state, _State) and torch.compiler.is_compiling():
+            state.outs = None  # begun outside compiled code: from here on the plain list's path (start)
+        if getattr(state, "outs", None) is not None:
             state.handles.append(call(_Keep, output, state.outs))
         return self.connections[index - 1](state)

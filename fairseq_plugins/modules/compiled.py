@@ -1,0 +1,38 @@
+"""torch.compile of what an idea adds to fairseq's encoder and decoder (issue 58: on a GPU every idea runs its
+PyTorch code, and torch.compile, whose inductor emits Triton kernels, is how it gets fused).
+
+``compile_ideas(model, **options)`` compiles in place every layer of the encoder and the decoder
+(``nn.Module.compile``: parameter names and the state dict stay as they are) and, for a stack that threads a
+carry between its layers (models/layer_stack.py: DCA's depth stack, mHC's streams, AttnRes' state ...), its
+``begin_layers``, ``run_layer`` and ``end_layers``. Every choice of every axis traces under
+``fullgraph=True``, training and incremental decoding, with the kernels off (tests/test_compile.py); so do
+fairseq's attention and FFN inside the layers. fairseq's loop around them (embedding, the padding checks,
+which read data: ``if has_pads``) stays eager, which is why the model as a whole is not compiled.
+
+Compile after any copy of the model (fairseq's ``--ema`` deep-copies it): the compiled code is bound to the
+modules it was made from, so a copy would run the original's. Nothing here is a command-line option yet
+(docs/gpu.md says why); a training script calls it on the built model.
+
+On the CPU the default stays eager with the fused C kernels: the whole model compiled (E6D6, width 256, one
+thread) ran at 0.78 of eager after 374 s of compiling (issue 58). ``options`` are torch.compile's
+(``backend``, ``fullgraph``, ``mode``, ``dynamic``).
+"""
+
+import torch
+from torch import nn
+
+HOOKS = ("begin_layers", "run_layer", "end_layers")
+
+
+def compile_ideas(model: nn.Module, **options) -> nn.Module:
+    """Compile ``model``'s layers and layer-loop hooks in place (module docstring); returns ``model``."""
+    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        if stack is None or not hasattr(stack, "layers"):
+            continue
+        for layer in stack.layers:
+            layer.compile(**options)
+        for hook in HOOKS:
+            if hasattr(stack, hook):
+                # an instance attribute in front of the class's method: the loop's self.run_layer(...) finds it
+                object.__setattr__(stack, hook, torch.compile(getattr(stack, hook), **options))
+    return model

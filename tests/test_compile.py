@@ -1,0 +1,183 @@
+"""Compile-ready ideas (issue 58 item 2): every choice of every axis (read from the axis tables, so a new choice
+is covered) traces under ``torch.compile(fullgraph=True)`` without a graph break, in a training step (forward
+and backward) and in incremental decoding, on its PyTorch path (the C kernels off, as on a GPU), and computes
+what the eager model computes; mHC's Sinkhorn no longer reads its logits on the host; one tiny model trains
+compiled (aot_eager: AOTAutograd's forward and backward graphs) with the eager model's losses.
+
+The per-choice cases use the ``eager`` backend (dynamo's tracing, no code generation: seconds each) and compile
+what ``modules/compiled.compile_ideas`` compiles: the layers and the layer-loop hooks.
+"""
+
+import contextlib
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from fairseq_plugins.axes import tables
+from fairseq_plugins.kernels import grn_kernel, mhc_kernel
+from fairseq_plugins.modules.compiled import compile_ideas
+from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
+
+from .helpers import build_model, random_batch
+from .test_grn_kernel import needs_kernel
+
+CHOICES = [(axis, name) for axis, table in tables().items() for name in table]
+# a choice whose layers differ by position (depth aggregation) gets two per side, so that a layer index that
+# changes between calls is traced too; the others one
+LAYERS = {"depth_aggregation": "2"}
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
+
+
+@contextlib.contextmanager
+def compiling(kernels: bool = False):
+    """The C kernels off (the PyTorch path, as on a GPU) unless ``kernels``; dynamo reset, its counters cleared,
+    and a recompile past the limit an error (else dynamo would quietly run the rest eagerly)."""
+    torch._dynamo.reset()
+    counters.clear()
+    patch = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True)
+    with grn_kernel.enabled(kernels), mhc_kernel.enabled(kernels), patch:
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
+
+
+def graph_breaks() -> int:
+    return sum(counters["graph_break"].values())
+
+
+def train_step(model, batch):
+    """The decoder output of a training forward and every parameter's gradient of a loss it reaches."""
+    model.zero_grad(set_to_none=True)
+    out, _ = model(*batch)
+    out.float().logsumexp(-1).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def decode(model, src, lengths, prev, steps: int = 3):
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        state: dict = {}
+        return [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                for t in range(steps)]  # fmt: skip
+
+
+def assert_close_all(got, want):
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("axis", "name"), CHOICES, ids=[f"{a}-{n}" for a, n in CHOICES])
+def test_every_choice_traces_without_graph_breaks(axis, name):
+    layers = LAYERS.get(axis, "1")
+    model = build_model("residual_axes", [f"--{axis.replace('_', '-')}", name, "--encoder-layers", layers,
+                                          "--decoder-layers", layers, *NO_DROPOUT])  # fmt: skip
+    src, lengths, prev = batch = random_batch(model, batch=2, src_len=5, tgt_len=4)
+    with compiling():
+        compile_ideas(model, backend="eager", fullgraph=True)  # any graph break raises
+        model.train()
+        got_out, got_grads = train_step(model, batch)  # first: Admin profiles on the first training batch
+        with torch.compiler.set_stance("force_eager"):
+            want_out, want_grads = train_step(model, batch)
+        model.eval()
+        with torch.compiler.set_stance("force_eager"):
+            want_steps = decode(model, src, lengths, prev)
+        got_steps = decode(model, src, lengths, prev)
+        assert graph_breaks() == 0, dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] > 0  # something was compiled, not skipped
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
+    assert got_grads.keys() == want_grads.keys()
+    assert_close_all(got_grads.values(), want_grads.values())
+    assert_close_all(got_steps, want_steps)
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["mhc", "dca"])
+def test_the_cpu_kernels_trace_too(name):
+    """With the C kernels on (the CPU default: mHC's and DCA's custom operators) the same compile has no graph
+    break either and computes what the eager model computes."""
+    model = build_model("residual_axes", ["--depth-aggregation", name, "--encoder-layers", "2", "--decoder-layers",
+                                          "2", *NO_DROPOUT])  # fmt: skip
+    src, lengths, prev = batch = random_batch(model, batch=2, src_len=5, tgt_len=4)
+    with compiling(kernels=True):
+        assert mhc_kernel.loaded() is not None and grn_kernel.loaded() is not None
+        compile_ideas(model, backend="eager", fullgraph=True)
+        model.train()
+        with torch.compiler.set_stance("force_eager"):
+            want_out, want_grads = train_step(model, batch)
+        got_out, got_grads = train_step(model, batch)
+        model.eval()
+        with torch.compiler.set_stance("force_eager"):
+            want_steps = decode(model, src, lengths, prev)
+        got_steps = decode(model, src, lengths, prev)
+        assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] > 0
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
+    assert_close_all(got_grads.values(), want_grads.values())
+    assert_close_all(got_steps, want_steps)
+
+
+def test_admin_profiles_eagerly_under_compile():
+    """Admin's profiling pass (the first training batch) reads a variance per sublayer on the host: it runs eagerly
+    even where the layers are compiled, so that compiling without fullgraph does not break the graph at every read
+    (30 breaks before), and it still profiles."""
+    model = build_model("residual_axes", ["--residual", "admin", "--encoder-layers", "1", "--decoder-layers", "1"])
+    with compiling():
+        compile_ideas(model, backend="eager")
+        model.train()
+        train_step(model, random_batch(model, batch=2, src_len=5, tgt_len=4))
+        assert graph_breaks() == 0, dict(counters["graph_break"])
+    assert bool(model.admin_profiled) and (model.encoder.layers[0].omega_init[1] != 1).all()
+
+
+def test_every_axis_is_covered():
+    """The table of cases is the axes' own tables: a new choice is a new case, a lost one fails here."""
+    assert {axis for axis, _ in CHOICES} == {"residual", "depth_aggregation", "tying", "norm"}
+    assert {"mhc", "mhc-lite", "hc-static", "hc-dynamic", "attnres", "attnres-block", "frac", "mudd", "dca",
+            "denseformer", "dlcl", "laurel-pa"} <= {n for a, n in CHOICES if a == "depth_aggregation"}  # fmt: skip
+
+
+def test_sinkhorn_reads_no_data_and_stays_exact():
+    """mHC's Sinkhorn takes one path whatever its logits (no host read of their size): one graph under
+    fullgraph for small and huge logits, finite, and equal to the eager result."""
+    g = torch.Generator().manual_seed(0)
+    small = torch.randn(4, 4, 6, generator=g, requires_grad=True)
+    huge = (torch.randn(4, 4, 6, generator=g) * 60).requires_grad_()
+    with compiling():
+        compiled = torch.compile(sinkhorn_tokens_last, backend="eager", fullgraph=True)
+        for x in (small, huge):
+            got = compiled(x)
+            (grad,) = torch.autograd.grad(got.square().sum(), x)
+            want = sinkhorn_tokens_last(x)
+            (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(grad, want_grad)
+            assert torch.isfinite(got).all() and torch.isfinite(grad).all()
+        assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_tiny_model_trains_compiled():
+    """mHC (the choice whose PyTorch path broke 28 times a step), compiled with aot_eager, trains 4 Adam updates
+    with the eager model's losses, and the loss goes down."""
+    args = ["--depth-aggregation", "mhc", "--encoder-layers", "2", "--decoder-layers", "2", *NO_DROPOUT]
+    losses = {}
+    for compiled in (False, True):
+        model = build_model("residual_axes", args, seed=1).train()
+        src, lengths, prev = random_batch(model, batch=4, src_len=6, tgt_len=5, seed=2)
+        target = torch.roll(prev, -1, dims=1)  # the next token
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        with compiling():
+            if compiled:
+                compile_ideas(model, backend="aot_eager", fullgraph=True)
+            losses[compiled] = []
+            for _ in range(4):
+                optimizer.zero_grad()
+                logits, _ = model(src, lengths, prev)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+                loss.backward()
+                optimizer.step()
+                losses[compiled].append(loss.item())
+            assert graph_breaks() == 0
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
+    assert losses[True][-1] < losses[True][0]
