@@ -13,12 +13,14 @@ torch's allow-list. Nothing else is allowed: a checkpoint that references any ot
 Safety is never switched off (no ``weights_only=False``, no ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``).
 
 fairseq's loader is also wrapped so that a refused or damaged checkpoint gives one clear message naming
-the file, instead of torch's advice to switch safety off or a zip-reader error.
+the file (and, for a damaged one, the newest intact checkpoint beside it to copy over it), instead of torch's
+advice to switch safety off or a zip-reader error.
 """
 
 import argparse
 import collections
 import functools
+import os
 import pickle
 import re
 import typing
@@ -29,6 +31,9 @@ from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
+
+from .checkpoint_saving import newest_intact_checkpoint
+from .validation import STORED_ARGS
 
 # The globals that fairseq checkpoints reference (found by loading checkpoints of every kind the tests
 # write: single-process, resumed, and the cfg that distributed resume broadcasts).
@@ -81,10 +86,27 @@ def _unpickler_detail(message: str) -> str:
 
 
 def _corrupt(path, reason: str) -> CheckpointCorruptError:
-    return CheckpointCorruptError(
-        f"checkpoint {path} is truncated or corrupt and cannot be read ({reason}); restore it from a copy or "
-        "remove it to start from an earlier checkpoint"
-    )
+    """The error for a damaged checkpoint, naming the file to copy over it: removing it, the advice before issue
+    56, made fairseq-train start again from the first update without a word."""
+    where = os.path.dirname(os.path.abspath(path)) if isinstance(path, str | os.PathLike) else None
+    newest = newest_intact_checkpoint(where, exclude=os.fspath(path)) if where else None
+    if newest:
+        advice = (f"the newest intact checkpoint beside it is {newest}: copy it over {path} (cp {newest} {path}) to "
+                  "continue from it, or restore the file from a copy")  # fmt: skip
+    else:
+        advice = (f"no other intact checkpoint is in {where or 'its directory'}: restore it from a copy (removing it "
+                  "would start training again from the first update)")  # fmt: skip
+    return CheckpointCorruptError(f"checkpoint {path} is truncated or corrupt and cannot be read ({reason}); {advice}")
+
+
+def mark_stored_args(state, arg_overrides) -> None:
+    """Record on the loaded model args which options the caller overrides (validation.STORED_ARGS): the plugin's
+    build_model then clears options a checkpoint stored but its model never read, and still refuses an override
+    that the model would not read (axes.drop_if_stored)."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_args = cfg.get("model") if isinstance(cfg, dict | DictConfig) else None
+    if isinstance(model_args, argparse.Namespace):  # the plugin's models are built from argparse args
+        setattr(model_args, STORED_ARGS, sorted(arg_overrides or ()))
 
 
 def explain_load_errors(load):
@@ -94,7 +116,7 @@ def explain_load_errors(load):
     @functools.wraps(load)
     def wrapper(path, *args, **kwargs):
         try:
-            return load(path, *args, **kwargs)
+            state = load(path, *args, **kwargs)
         except pickle.UnpicklingError as err:
             if not _REFUSAL.search(str(err)):
                 raise _corrupt(path, _unpickler_detail(str(err))) from None
@@ -108,6 +130,8 @@ def explain_load_errors(load):
             if missing or not (isinstance(err, EOFError | UnicodeDecodeError) or _DAMAGE.search(str(err))):
                 raise
             raise _corrupt(path, str(err) or type(err).__name__) from err
+        mark_stored_args(state, kwargs.get("arg_overrides", args[0] if args else None))
+        return state
 
     wrapper.explains_load_errors = True
     return wrapper

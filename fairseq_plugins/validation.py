@@ -20,6 +20,11 @@ class PluginOptionError(ValueError):
 
 TRACEBACK_VARIABLE = "FAIRSEQ_PLUGINS_TRACEBACK"
 
+# set on a checkpoint's model args by the loader (checkpoint_safety.py): the names of the options the caller gave
+# as overrides (from_pretrained's keyword arguments, fairseq-generate's --model-overrides); see
+# axes.drop_if_stored. Absent on args parsed from a command line.
+STORED_ARGS = "plugin_checkpoint_overrides"
+
 
 def report_option_error(kind, error, traceback, fallback=None) -> None:
     """sys.excepthook: an uncaught PluginOptionError ends the program as argparse's errors do (``PROG: error:
@@ -132,3 +137,38 @@ def argparse_type(check: Callable, name: str, *bounds) -> Callable:
 
     parse.__name__ = name  # argparse names the type in its messages
     return parse
+
+
+# far beyond any model the plugin builds: a typo, not a model, above
+MAX_LAYERS, MAX_WIDTH, MAX_POSITIONS = 100_000, 1 << 20, 1 << 24
+
+
+def check_model_shape(args) -> None:
+    """Check fairseq's own shape, position and drop options of a plugin model before anything is built, each naming
+    itself: fairseq checks none of them, so a negative width failed deep inside torch, zero heads or output width
+    divided by zero, a negative position count indexed out of range, a NaN layer drop passed every ``> 0`` refusal
+    (NaN compares false) and a negative depth was reported as a pruning record. An option the model does not have
+    (a language model's encoder-only options) is None and skipped."""
+    for side in ("encoder", "decoder"):
+        for name, low, high in (("layers", 0, MAX_LAYERS), ("embed_dim", 1, MAX_WIDTH),
+                                ("ffn_embed_dim", 1, MAX_WIDTH), ("attention_heads", 1, MAX_WIDTH)):  # fmt: skip
+            option = f"{side}_{name}"
+            if getattr(args, option, None) is not None:
+                setattr(args, option, check_int(option, getattr(args, option), low, high))
+        dim, heads = getattr(args, f"{side}_embed_dim", None), getattr(args, f"{side}_attention_heads", None)
+        if dim is not None and heads is not None and dim % heads:
+            raise PluginOptionError(
+                f"{_flag(side + '_embed_dim')} ({dim}) must be a multiple of {_flag(side + '_attention_heads')} "
+                f"({heads}): each head attends over embed_dim / heads dimensions"
+            )
+        option = f"{side}_layerdrop"
+        if getattr(args, option, None) is not None:
+            setattr(args, option, check_float(option, getattr(args, option), 0.0, 1.0))
+    for option, low, high in (("max_source_positions", 1, MAX_POSITIONS), ("max_target_positions", 1, MAX_POSITIONS),
+                              ("decoder_output_dim", 1, MAX_WIDTH), ("decoder_input_dim", 1, MAX_WIDTH)):  # fmt: skip
+        if getattr(args, option, None) is not None:
+            setattr(args, option, check_int(option, getattr(args, option), low, high))
+    for option in ("dropout", "attention_dropout", "activation_dropout", "adaptive_softmax_dropout", "quant_noise_pq",
+                   "quant_noise_scalar"):  # fmt: skip
+        if getattr(args, option, None) is not None:
+            setattr(args, option, check_float(option, getattr(args, option), 0.0, 1.0))

@@ -7,6 +7,8 @@ import io
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
@@ -15,16 +17,20 @@ from fairseq_plugins.modules.derf import DynamicErf
 from fairseq_plugins.modules.dyt import DynamicTanh
 from fairseq_plugins.modules.hybrid_norm import NormedProjection
 from fairseq_plugins.modules.layer_scale import LayerScale
+from fairseq_plugins.modules.mhc import ManifoldHyperConnection
 from fairseq_plugins.modules.orthogonal_residual import OrthogonalResidual
+from fairseq_plugins.modules.rezero import ReZeroGate
 from fairseq_plugins.modules.site_layers import PeriOutput
-from fairseq_plugins.validation import PluginOptionError
+from fairseq_plugins.validation import STORED_ARGS, PluginOptionError
 
 from .helpers import (
+    TinyTask,
     build_model,
     full_and_incremental_logits,
     parse_model_args,
     random_batch,
 )
+from .lm_helpers import parse_lm_args, save_checkpoint
 
 FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "hybridnorm_star", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"]
@@ -293,8 +299,9 @@ def test_value_residual_refusals(extra, message):
 
 
 @pytest.mark.parametrize(("family", "atol", "extra"), [
-    ("mhc", 1e-4, []), ("mhc_lite", 1e-4, []), ("mhc", 1e-4, ["--mhc-bias-init", "mixed"]),
-    ("mhc_lite", 1e-4, ["--mhc-bias-init", "mixed"]), ("frac", 0, []), ("mudd", 0, []),
+    ("mhc", 1e-4, ["--mhc-bias-init", "preln"]), ("mhc_lite", 1e-4, ["--mhc-bias-init", "preln"]),
+    ("mhc", 1e-4, ["--mhc-bias-init", "mixed"]), ("mhc_lite", 1e-4, ["--mhc-bias-init", "mixed"]),
+    ("frac", 0, []), ("mudd", 0, []),
 ])  # fmt: skip
 def test_stream_models_are_the_pre_ln_model_at_init(family, atol, extra):
     """On the Pre-LN model's weights (the layers keep its parameter names; the new parameters at their init),
@@ -361,3 +368,153 @@ def test_presets_set_the_new_axes():
     assert parse_model_args("ortho_e12d12").residual == "orthogonal"
     args = parse_model_args("derf_iwslt_e36d6", tiny=False)
     assert (args.norm, args.residual, args.encoder_layers, args.encoder_embed_dim) == ("derf", "pre", 36, 256)
+
+
+# ------------------------------------------------------------------ issue 55: the authors' defaults
+
+
+def _rztx_layers(model, x, enc):
+    """The authors' RZTXEncoderLayer and RZTXDecoderLayer forward (majumderb/rezero rztx.py), written out in float64
+    on the layers' own attention and FFN weights: ONE resweight a per layer for all its sublayers, no norm:
+    x + a SA(x), then + a FFN; the decoder x + a SA(x), + a CA(x, memory), + a FFN."""
+    t = x.shape[0]
+    causal = torch.triu(torch.full((t, t), float("-inf"), dtype=torch.float64), 1)
+    ffn = lambda layer, h: layer.fc2(torch.relu(layer.fc1(h)))
+    layer = model.encoder.layers[0]
+    a = layer.site_update["layer"].alpha
+    h = x + a * layer.self_attn(query=x, key=x, value=x, key_padding_mask=None, need_weights=False)[0]
+    encoder_layer = h + a * ffn(layer, h)
+    layer = model.decoder.layers[0]
+    a = layer.site_update["layer"].alpha
+    h = x + a * layer.self_attn(query=x, key=x, value=x, attn_mask=causal, need_weights=False)[0]
+    h = h + a * layer.encoder_attn(query=h, key=enc, value=enc, key_padding_mask=None, static_kv=True, need_weights=False)[0]
+    return encoder_layer, h + a * ffn(layer, h), causal
+
+
+def test_rezero_is_the_authors_form_one_gate_per_layer_and_no_final_norm():
+    """Default since issue 55: one alpha per layer shared by its 2 (encoder) or 3 (decoder) sublayers, as rztx.py,
+    and no stack-final LayerNorm (its README: nn.TransformerEncoder/Decoder's norm left None); each layer is the
+    rztx.py layer in float64; at init (alpha = 0) every layer is still the identity."""
+    model = build_model("rezero_e6d6", SHAPE).double()
+    gates = [m for m in model.modules() if isinstance(m, ReZeroGate)]
+    assert len(gates) == 4 + 4 and {tuple(layer.site_update) for side in (model.encoder, model.decoder)
+                                    for layer in side.layers} == {("layer",)}  # fmt: skip
+    assert model.encoder.layer_norm is None and model.decoder.layer_norm is None
+    assert not [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    with torch.no_grad():
+        for i, gate in enumerate(gates):
+            gate.alpha.fill_(0.1 * (i + 1))
+        x, enc = (torch.randn(5, 2, 16, dtype=torch.float64) for _ in range(2))
+        encoder_layer, decoder_layer, causal = _rztx_layers(model, x, enc)
+        torch.testing.assert_close(model.encoder.layers[0](x, None), encoder_layer)
+        got = model.decoder.layers[0](x, encoder_out=enc, encoder_padding_mask=None, self_attn_mask=causal)[0]
+        torch.testing.assert_close(got, decoder_layer)
+        # the stacks end on their last layer's output: no final norm
+        src, lengths, prev = random_batch(model)
+        last = {}
+        hooks = [getattr(model, side).layers[-1].register_forward_hook(
+            lambda m, i, o, side=side: last.__setitem__(side, o[0] if isinstance(o, tuple) else o))
+            for side in ("encoder", "decoder")]  # fmt: skip
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        features, _ = model.decoder.extract_features(prev, encoder_out=encoder_out)
+        for h in hooks:
+            h.remove()
+        torch.testing.assert_close(encoder_out["encoder_out"][0], last["encoder"], rtol=0, atol=0)
+        torch.testing.assert_close(features, last["decoder"].transpose(0, 1), rtol=0, atol=0)
+    fresh = build_model("rezero_e6d6", SHAPE)
+    for x_in, x_out in _layer_io(fresh, random_batch(fresh)):
+        torch.testing.assert_close(x_out, x_in, rtol=0, atol=0)
+
+
+def test_rezero_keeps_its_earlier_form_as_options():
+    """--rezero-gate sublayer --rezero-final-norm: one alpha per sublayer and fairseq's final LayerNorms (the
+    plugin's form before issue 55)."""
+    model = build_model("rezero_e6d6", [*SHAPE, "--rezero-gate", "sublayer", "--rezero-final-norm"])
+    assert [tuple(layer.site_update) for layer in model.decoder.layers] == [("self_attn", "encoder_attn", "ffn")] * 4
+    assert isinstance(model.encoder.layer_norm, nn.LayerNorm) and isinstance(model.decoder.layer_norm, nn.LayerNorm)
+    model = build_model("rezero_e6d6", [*SHAPE, "--rezero-final-norm", "false"])
+    assert model.encoder.layer_norm is None
+    with pytest.raises(PluginOptionError, match="--rezero-gate applies only with --residual rezero"):
+        build_model("residual_axes", [*SHAPE, "--rezero-gate", "layer"])
+
+
+def test_mhc_starts_at_the_authors_codes_values():
+    """Default since issue 55 (--mhc-bias-init mhc_lite): each unit's static logits are mhc-lite's (b_pre = b_post
+    = +1 on stream k mod n, -1 elsewhere; b_res 0 / -8), so H_post is 1.46 / 0.54; --mhc-bias-init preln keeps
+    H_post = 1 (the Pre-LN model)."""
+    for family, res in (("mhc", "sinkhorn"), ("mhc_lite", "permutations")):
+        assert parse_model_args(f"{family}_e6d6").mhc_bias_init == "mhc_lite"
+        for extra, post_equals_pre in (([], True), (["--mhc-bias-init", "preln"], False)):
+            units = [m for m in build_model(f"{family}_e6d6", [*SHAPE, *extra]).modules()
+                     if isinstance(m, ManifoldHyperConnection)]  # fmt: skip
+            assert len(units) == 4 * 2 + 4 * 3
+            for unit in units:
+                assert unit.residual == res
+                b_pre, b_post = unit.bias.detach()[:4], unit.bias.detach()[4:8]
+                assert sorted(b_pre.tolist()) == [-1.0, -1.0, -1.0, 1.0]
+                assert torch.equal(b_post, b_pre if post_equals_pre else torch.zeros(4))
+
+
+def test_derf_alpha_init_follows_the_task():
+    """Derf's alpha_0: 1.0 for a language model (the authors' GPT-2 patch), 0.5 for translation (their value for
+    every other task); --derf-alpha-init sets it."""
+    assert parse_lm_args("unused-data-dir", "derf_lm_d6").derf_alpha_init == 1.0
+    assert parse_model_args("derf_e6d6").derf_alpha_init == 0.5
+    norms = [m for m in build_model("derf_e6d6", [*SHAPE, "--derf-alpha-init", "0.8"]).modules() if isinstance(m, DynamicErf)]
+    assert len(norms) == 4 * 2 + 4 * 3 + 2 and all(m.alpha.item() == pytest.approx(0.8) for m in norms)
+    x = torch.randn(3, 16, dtype=torch.float64)
+    norm = DynamicErf(16, alpha_init=1.0).double()
+    with torch.no_grad():  # the patch's Dynamic_erf: weight * erf(alpha x + shift) + bias
+        torch.testing.assert_close(norm(x), norm.weight * torch.erf(1.0 * x + 0.0) + norm.bias)
+    with pytest.raises(PluginOptionError, match="--derf-alpha-init applies only with --norm derf"):
+        build_model("residual_axes", [*SHAPE, "--derf-alpha-init", "1"])
+
+
+# the options issue 55 added or changed, and the old form a checkpoint saved before then must be rebuilt with
+BEFORE_55 = {
+    "rezero": (("rezero_gate", "rezero_final_norm"), ["--rezero-gate", "sublayer", "--rezero-final-norm"]),
+    "mhc": (("mhc_bias_init",), ["--mhc-bias-init", "preln"]),
+    "mhc_lite": (("mhc_bias_init",), ["--mhc-bias-init", "preln"]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(BEFORE_55))
+def test_a_checkpoint_saved_before_issue_55_rebuilds_its_old_form(family, tmp_path):
+    """fairseq rebuilds a checkpoint's model from its stored args, which (saved before issue 55) lack the new
+    options: the loaded model is the old form and the old weights load strictly; a fresh command line builds the
+    new form, into which those weights do not load."""
+    names, old_flags = BEFORE_55[family]
+    arch = f"{family}_e6d6"
+    old = build_model(arch, [*SHAPE, *old_flags], seed=1)
+    args = parse_model_args(arch, SHAPE)
+    for name in names:
+        delattr(args, name)  # what the code before issue 55 stored
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save_checkpoint(old, args, tmp_path / "old.pt")))
+    stored = state["cfg"]["model"]
+    assert getattr(stored, STORED_ARGS, None) is not None and not any(hasattr(stored, n) for n in names)
+    loaded = ARCH_MODEL_REGISTRY[stored.arch].build_model(stored, TinyTask()).eval()
+    assert {n: getattr(stored, n) for n in names} == {n: getattr(parse_model_args(arch, old_flags), n) for n in names}
+    loaded.load_state_dict(state["model"])
+    batch = random_batch(old)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*batch)[0], old(*batch)[0], rtol=0, atol=0)
+    fresh = parse_model_args(arch, SHAPE)
+    new = ARCH_MODEL_REGISTRY[arch].build_model(fresh, TinyTask())
+    assert {n: getattr(fresh, n) for n in names} != {n: getattr(stored, n) for n in names}
+    if family == "rezero":  # a different module structure: the old weights do not fit
+        with pytest.raises(RuntimeError, match="Missing key|Unexpected key"):
+            new.load_state_dict(state["model"])
+    # saved since: the filled value is stored, and wins
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save_checkpoint(new, fresh, tmp_path / "new.pt")))
+    ARCH_MODEL_REGISTRY[arch].build_model(state["cfg"]["model"], TinyTask()).load_state_dict(state["model"])
+
+
+def test_a_derf_language_model_saved_before_issue_55_keeps_alpha_half():
+    """A Derf LM's stored args lack --derf-alpha-init: the LM's architecture fills 0.5, the value of the code that
+    trained it; a fresh command line, 1.0."""
+    args = parse_lm_args("unused-data-dir", "derf_lm_d6")
+    del args.derf_alpha_init
+    setattr(args, STORED_ARGS, [])  # as checkpoint_safety marks a loaded checkpoint's model args
+    ARCH_CONFIG_REGISTRY[args.arch](args)
+    assert args.derf_alpha_init == 0.5
+    assert parse_lm_args("unused-data-dir", "derf_lm_d6").derf_alpha_init == 1.0

@@ -3,6 +3,7 @@ else a checkpoint might smuggle in (a pickled callable) is still refused."""
 
 import os
 import pickle
+import signal
 import sys
 import zipfile
 
@@ -15,6 +16,7 @@ from fairseq_plugins.checkpoint_safety import (
     CheckpointCorruptError,
     CheckpointRefusedError,
 )
+from fairseq_plugins.checkpoint_saving import intact
 
 from .helpers import PLUGIN_DIR, fairseq_cli, generate_command, run, train_command
 
@@ -139,3 +141,48 @@ def test_smuggled_callable_is_refused_by_interactive_and_from_pretrained(checkpo
     hub = run([sys.executable, "-c", code], check=False)
     assert hub.returncode != 0 and "refusing to load checkpoint" in hub.stderr
     assert not marker.exists()
+
+
+COPY_KILLED = """
+import resource, signal, sys
+import fairseq_plugins
+from fairseq import checkpoint_utils
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; the default kills the process, as SIGKILL would
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))  # the copy stops halfway
+checkpoint_utils.PathManager.copy(sys.argv[1], sys.argv[2], overwrite=True)  # what save_checkpoint calls
+"""
+
+
+def test_a_copy_to_the_last_checkpoint_killed_midway_leaves_the_old_one_whole(tmp_path):
+    """fairseq-train copies each save to checkpoint_last.pt; a process killed inside that copy (here by the file
+    size limit, halfway) must leave the previous checkpoint_last.pt as it was, not truncated."""
+    new, last = tmp_path / "checkpoint_1_6.pt", tmp_path / "checkpoint_last.pt"
+    new.write_bytes(os.urandom(1 << 20))
+    old = os.urandom(1000)
+    last.write_bytes(old)
+    proc = run([sys.executable, "-c", COPY_KILLED, new, last, 1 << 19], check=False, env={"PYTHONPATH": str(PLUGIN_DIR.parent)})
+    assert proc.returncode == -signal.SIGXFSZ, proc.stderr[-2000:]  # killed inside the copy
+    assert last.read_bytes() == old
+    assert checkpoint_utils.PathManager.copy(str(new), str(last), overwrite=True)  # and a whole copy replaces it
+    assert last.read_bytes() == new.read_bytes() and not (tmp_path / "checkpoint_last.pt.tmp").exists()
+
+
+def test_the_error_for_a_damaged_checkpoint_names_the_intact_one_to_copy_over_it(checkpoint, tmp_path):
+    intact = tmp_path / "checkpoint_1_2.pt"
+    intact.write_bytes(checkpoint.read_bytes())
+    damaged = tmp_path / "checkpoint_last.pt"
+    damaged.write_bytes(b"")
+    with pytest.raises(CheckpointCorruptError, match=f"copy it over {damaged} \\(cp {intact} {damaged}\\)"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(damaged))
+    intact.unlink()
+    with pytest.raises(CheckpointCorruptError, match="no other intact checkpoint is in .*would start training again"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(damaged))
+
+
+def test_only_a_whole_checkpoint_counts_as_intact(checkpoint, tmp_path):
+    cut = tmp_path / "checkpoint_cut.pt"
+    data = checkpoint.read_bytes()
+    assert intact(str(checkpoint))
+    for damaged in (data[: len(data) // 2], data[:-1], b"", bytes(range(256)) * 8):
+        cut.write_bytes(damaged)
+        assert not intact(str(cut)), len(damaged)

@@ -196,3 +196,52 @@ def test_deep_stack_half_precision(residual, dtype):
     assert out.dtype == dtype
     out.float().square().mean().backward()
     assert_finite(streams, out, x.grad, *(p.grad for u in units for p in u.parameters()))
+
+
+def mhc_lite_code_at_init(x, f, k, residual):
+    """FFTYYY/mhc-lite@ea19775 (hyper_conn/mhc.py, mhc_lite.py) at initialisation, written out in float64 for
+    streams x (tokens, n, C): dynamic weights 0, so every coefficient is its static logit; stream index k.
+    ``init_alpha0`` (H_pre) and ``beta_init`` (H_post) are +1 on stream k and -1 elsewhere, through sigmoid and
+    2 sigmoid; ``init_alpha1`` (H_res) 0 on the diagonal and -8 off it, through the code's log-domain Sinkhorn
+    (dim -2, then dim -1, 20 times), or 0 for the identity permutation and -8 for the others, through softmax.
+    The code's matrix is alpha[s, t] with stream t <- sum_s alpha[s, t] x_s (the paper's H_res transposed)."""
+    n = x.shape[-2]
+    signs = torch.full((n,), -1.0, dtype=torch.float64)
+    signs[k] = 1.0
+    pre, post = torch.sigmoid(signs), torch.sigmoid(signs) * 2
+    if residual == "permutations":
+        logits = torch.full((math.factorial(n),), -8.0, dtype=torch.float64)
+        logits[0] = 0.0
+        perms = torch.eye(n, dtype=torch.float64)[torch.tensor(list(itertools.permutations(range(n))))]
+        alpha = torch.einsum("r,rij->ij", torch.softmax(logits, -1), perms)
+    else:
+        log_alpha = torch.full((n, n), -8.0, dtype=torch.float64).fill_diagonal_(0.0)
+        for _ in range(20):
+            log_alpha = log_alpha - torch.logsumexp(log_alpha, dim=-2, keepdim=True)
+            log_alpha = log_alpha - torch.logsumexp(log_alpha, dim=-1, keepdim=True)
+        alpha = log_alpha.exp()
+    mixed = torch.einsum("st,...sd->...td", alpha, x)
+    return mixed + post[:, None] * f(torch.einsum("s,...sd->...d", pre, x)).unsqueeze(-2)
+
+
+@pytest.mark.parametrize("residual", ["sinkhorn", "permutations"])
+def test_default_init_is_the_mhc_lite_codes(residual):
+    """The default start (issue 55) is the authors' line of code: at initialisation every unit computes what
+    mhc-lite's code computes, H_post = 1.46 on stream k mod n and 0.54 on the others; so the streams part and
+    the model is not Pre-LN at initialisation (``bias_init="preln"`` keeps that start)."""
+    w = branch_weights(1)[0]
+    x = random_input(5, 2, N, DIM)
+    for site in range(6):
+        unit = ManifoldHyperConnection(DIM, N, site=site, residual=residual).double()
+        got = unit(x, lambda u: branch(u, w))
+        expected = mhc_lite_code_at_init(x, lambda u: branch(u, w), site % N, residual)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        _, post, res = unit.coefficients(x)
+        s = 1 / (1 + math.exp(-1))
+        torch.testing.assert_close(post[0], torch.full((N,), 2 * (1 - s), dtype=torch.float64).index_fill(
+            0, torch.tensor([site % N]), 2 * s))  # fmt: skip
+        diagonal = (1 + 5 * math.exp(-8)) / (1 + 23 * math.exp(-8)) if residual == "permutations" else 1 / (1 + 3 * math.exp(-8))
+        torch.testing.assert_close(res.diagonal(dim1=-2, dim2=-1), torch.full((10, N), diagonal, dtype=torch.float64))
+    streams = expand_streams(random_input(4, 2, DIM), N)
+    out = ManifoldHyperConnection(DIM, N, site=1, residual=residual).double()(streams, lambda u: branch(u, w))
+    assert (out[..., 1, :] - out[..., 0, :]).abs().max() > 0.1  # equal streams part: not the Pre-LN state

@@ -44,6 +44,7 @@ def test_placement_tables():
     assert (star0[0].pre, star0[0].qkv, star0[1]) == (True, True, PRE)
     assert sublayer_norms("hybrid_star", 1, 6, "ffn") == sublayer_norms("hybrid", 1, 6, "ffn")
     assert stack_norms("post").final is False and stack_norms("mix").final and not stack_norms("peri").embedding
+    assert not stack_norms("rezero").final  # the authors' ReZero has no final norm (issue 55)
     assert stack_norms("peri", peri_embedding=True).embedding
     n = sublayer_norms("rezero", 0, 6, "ffn")
     assert not (n.pre or n.branch or n.post or n.qkv)

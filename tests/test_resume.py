@@ -57,3 +57,28 @@ def test_resume_after_the_first_epoch_is_exact_with_update_epoch_batch_itr(corpu
     split_at = epoch_two[0]
     first, second = train("split", split_at), train("split", 12)
     assert {u: loss for u, (loss, _) in {**first, **second}.items()} == {u: loss for u, (loss, _) in whole.items()}
+
+
+def test_an_empty_last_checkpoint_resumes_exactly_from_the_newest_intact_one(corpus_bin, tmp_path):
+    """A save killed while fairseq copied it to checkpoint_last.pt (by a run without the plugin's atomic copy)
+    leaves that file empty: the same command resumes from the newest intact checkpoint (the save's own file,
+    checkpoint_1_3.pt, or checkpoint_best.pt, copied from it after it), names it in one line, and follows the
+    uninterrupted run exactly."""
+    extra = ["--dropout", "0.2", "--save-interval-updates", "3"]
+
+    def train(save_dir, max_update):
+        proc = run(train_command(corpus_bin, tmp_path / save_dir, "transformer_preln_e6d6", max_update=max_update,
+                                 extra=extra))  # fmt: skip
+        return proc, {int(r["num_updates"]): r["loss"] for r in train_log(proc.stdout)}
+
+    _, whole = train("whole", 6)
+    _, first = train("split", 3)
+    last = tmp_path / "split" / "checkpoint_last.pt"
+    assert (tmp_path / "split" / "checkpoint_1_3.pt").exists()
+    last.write_bytes(b"")
+    proc, second = train("split", 6)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "truncated or corrupt; resuming from" in line]
+    newest = [f"{tmp_path / 'split' / name}, the newest intact" for name in ("checkpoint_1_3.pt", "checkpoint_best.pt")]
+    assert len(lines) == 1 and any(name in lines[0] for name in newest), lines
+    assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5, 6]
+    assert {**first, **second} == whole

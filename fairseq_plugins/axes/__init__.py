@@ -33,7 +33,7 @@ unless a rule below says how they compose. The parts:
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..validation import PluginOptionError, argparse_type
+from ..validation import STORED_ARGS, PluginOptionError, argparse_type
 
 
 @dataclass(frozen=True)
@@ -177,15 +177,40 @@ def check_compatible(plan: Plan) -> None:
                     refuse(first, second, reason)
 
 
+def is_set(args, name: str) -> bool:
+    """Whether option ``name`` has a value in ``args``. False is a switch left off, not a value: fairseq's language
+    models declare NormFormer's ``scale_*`` switches themselves, default False, for every model."""
+    return getattr(args, name, None) not in (None, False)
+
+
+def drop_if_stored(args, name: str) -> bool:
+    """For args loaded from a checkpoint (``validation.STORED_ARGS``): clear option ``name``, unless the loader's
+    caller gave it as an override, and return True. The plugin filled such options with their defaults before
+    issue 56 (LAuReL's four for every variant, ``--value-residual-mode``, ``--guidance-norm``), and the model was
+    built without reading them; an override was given now, so it is refused like the command line's."""
+    overrides = getattr(args, STORED_ARGS, None)
+    if overrides is None or name in overrides:
+        return False
+    setattr(args, name, None)
+    return True
+
+
+def set_defaults_since(args, values: dict, before: dict) -> None:
+    """Fill options whose default changed (or that were added) after checkpoints were saved: ``values`` for a fresh
+    command line or the Python API, ``before`` (what the older code built) for a checkpoint's stored args
+    (``validation.STORED_ARGS``). A checkpoint saved since stores the filled value, which wins over both."""
+    set_defaults(args, before if getattr(args, STORED_ARGS, None) is not None else values)
+
+
 def check_unused_options(args, plan: Plan) -> None:
-    """Refuse an option (from the command line or a preset) that only a choice the model does not make reads:
-    the model would be built without it, silently."""
+    """Refuse an option (from the command line, a preset or an override) that only a choice the model does not make
+    reads: the model would be built without it, silently."""
     used = {option.name for choice in plan.choices() for option in choice.options}
     for axis, table in tables().items():
         owners: dict[str, list[str]] = {}
         for choice in table.values():
             for option in choice.options:
-                if option.name not in used and getattr(args, option.name, None) not in (None, False):  # False: off
+                if option.name not in used and is_set(args, option.name) and not drop_if_stored(args, option.name):
                     owners.setdefault(option.name, []).append(choice.name)
         for name, choices in owners.items():
             flag = "--" + axis.replace("_", "-")

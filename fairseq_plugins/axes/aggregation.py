@@ -27,7 +27,7 @@ from . import Choice, Option, set_defaults
 def check_position_indexed(args, who: str) -> None:
     """Reject what a stack whose weights are indexed by layer position cannot run, naming the option."""
     for side in ("encoder", "decoder"):
-        if getattr(args, f"{side}_layerdrop", 0) > 0 or getattr(args, f"{side}_layers_to_keep", None):
+        if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0 or getattr(args, f"{side}_layers_to_keep", None):
             raise PluginOptionError(
                 f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with {who}: its weights are "
                 "sized and indexed by each layer's position in the stack"
@@ -213,25 +213,29 @@ class DLCL(Aggregation):
 MAX_LAUREL_RANK, MAX_LAUREL_PA_K = 65_536, 64
 
 
+LAUREL_VARIANT = Option("laurel_variant", check_choice, (VARIANTS,), "lr", "V",
+                        "rw (learned residual weights, section 2.1), lr (low-rank B A x added to the skip, eq. 3) or "
+                        "pa (low-rank mix of the last k streams, eq. 4); set by the laurel_rw/lr/pa presets")
+LAUREL_RW_NORM = Option("laurel_rw_norm", check_choice, (RW_NORMS,), "softmax", "N",
+                        "rw: softmax (default: (alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5; the paper, "
+                        "section 2.1, says the learned weights must be bounded in practice, by softmax or sigmoid) or "
+                        "none (alpha, beta learned directly from 1, unbounded, the Pre-LN baseline at initialisation; "
+                        "this plugin's default until issue 26); one of none, softmax")
+LAUREL_RANK = Option("laurel_rank", check_int, (1, MAX_LAUREL_RANK), 32, "R",
+                     "lr and pa: rank r of B A (default 32, the paper's ablation value; 4 and 64 for its 1B and 4B "
+                     "LLMs); 1 <= R <= 65536")
+LAUREL_PA_K = Option("laurel_pa_k", check_int, (1, MAX_LAUREL_PA_K), 3, "K",
+                     f"pa: how many streams x_i, x_{{i-1}}, ... are mixed (default 3, the paper's ablation); "
+                     f"1 <= K <= {MAX_LAUREL_PA_K}")
+
+
 class Laurel(Aggregation):
+    """LAuReL; each variant declares only the options it reads (issue 56: an option another variant reads is
+    refused, not ignored), in the order they are checked."""
+
     name, source, family = "laurel", "LAuReL (arXiv:2411.07501)", "laurel_transformer"
     owns = frozenset({"stream"})
-    options = (  # in the order they are checked
-        Option("laurel_variant", check_choice, (VARIANTS,), "lr", "V",
-               "rw (learned residual weights, section 2.1), lr (low-rank B A x added to the skip, eq. 3) or "
-               "pa (low-rank mix of the last k streams, eq. 4); set by the laurel_rw/lr/pa presets"),
-        Option("laurel_rw_norm", check_choice, (RW_NORMS,), "softmax", "N",
-               "rw: softmax (default: (alpha, beta) = softmax of two logits from 0, i.e. 0.5/0.5; the paper, "
-               "section 2.1, says the learned weights must be bounded in practice, by softmax or sigmoid) or none "
-               "(alpha, beta learned directly from 1, unbounded, the Pre-LN baseline at initialisation; this "
-               "plugin's default until issue 26); one of none, softmax"),
-        Option("laurel_rank", check_int, (1, MAX_LAUREL_RANK), 32, "R",
-               "rank r of B A in lr and pa (default 32, the paper's ablation value; 4 and 64 for its 1B and "
-               "4B LLMs); 1 <= R <= 65536"),
-        Option("laurel_pa_k", check_int, (1, MAX_LAUREL_PA_K), 3, "K",
-               f"pa: how many streams x_i, x_{{i-1}}, ... are mixed (default 3, the paper's ablation); "
-               f"1 <= K <= {MAX_LAUREL_PA_K}"),
-    )  # fmt: skip
+    options = (LAUREL_VARIANT, LAUREL_RW_NORM, LAUREL_RANK, LAUREL_PA_K)
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -241,20 +245,21 @@ class Laurel(Aggregation):
 
     @classmethod
     def stack_args(cls, args) -> tuple:
-        return ({"variant": args.laurel_variant, "rank": args.laurel_rank, "pa_k": args.laurel_pa_k,
-                 "rw_norm": args.laurel_rw_norm},)  # fmt: skip
+        given = {"rank": "laurel_rank", "pa_k": "laurel_pa_k", "rw_norm": "laurel_rw_norm"}
+        read = {option.name for option in cls.options}
+        return ({"variant": args.laurel_variant, **{k: getattr(args, v) for k, v in given.items() if v in read}},)
 
 
 class LaurelRW(Laurel):
-    name, pinned = "laurel-rw", ("laurel_variant", "rw")
+    name, pinned, options = "laurel-rw", ("laurel_variant", "rw"), (LAUREL_VARIANT, LAUREL_RW_NORM)
 
 
 class LaurelLR(Laurel):
-    name, pinned = "laurel-lr", ("laurel_variant", "lr")
+    name, pinned, options = "laurel-lr", ("laurel_variant", "lr"), (LAUREL_VARIANT, LAUREL_RANK)
 
 
 class LaurelPA(Laurel):
-    name, pinned = "laurel-pa", ("laurel_variant", "pa")
+    name, pinned, options = "laurel-pa", ("laurel_variant", "pa"), (LAUREL_VARIANT, LAUREL_RANK, LAUREL_PA_K)
 
 
 MAX_HC_RATE = 64

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..modules.mhc import BIAS_INITS
 from ..validation import PluginOptionError, check_choice, check_int
-from . import Option, refuse_checkpointing
+from . import Option, refuse_checkpointing, set_defaults_since
 from .aggregation import Aggregation
 
 MAX_RATE = 16
@@ -29,12 +29,20 @@ class MHC(Aggregation):
         Option("mhc_rate", check_int, (1, MAX_RATE), 4, "N",
                f"mHC/mHC-lite: streams per token n (default 4, the paper's; mhc-lite needs n! coefficients: "
                f"n <= 5); 1 <= N <= {MAX_RATE}"),
-        Option("mhc_bias_init", check_choice, (BIAS_INITS,), "preln", "INIT",
-               "mHC's static biases b at init (the paper states none): preln (default: HC's init through mHC's "
-               "constraints, every stream equals the Pre-LN state at init, H_res ~ I), mhc_lite (the "
-               "FFTYYY/mhc-lite code's) or mixed (preln with H_res starting at SK(exp I), 0.475 on the diagonal "
-               "for n = 4, lucidrains' mHCv2 start: the streams mix from the first step; still Pre-LN at init)"),
+        Option("mhc_bias_init", check_choice, (BIAS_INITS,), None, "INIT",  # filled by defaults(): by origin
+               "mHC's static biases b at init (the mHC paper states none): mhc_lite (default: the authors' line of "
+               "code, FFTYYY/mhc-lite@ea19775 hyper_conn/mhc.py and mhc_lite.py: b_pre = b_post = +1 on stream "
+               "k mod n and -1 elsewhere, so H_pre 0.73 / 0.27 and H_post 1.46 / 0.54; H_res logits 0 / -8, "
+               "~ I), preln (HC's init through mHC's constraints: H_post = 1, every stream equals the Pre-LN "
+               "state at init; the default before issue 55, and what a checkpoint saved before then is rebuilt "
+               "with) or mixed (preln with H_res starting at SK(exp I), 0.475 on the diagonal for n = 4, "
+               "lucidrains' mHCv2 H_res start: the streams mix from the first step; still Pre-LN at init)"),
     )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults_since(args, {"mhc_bias_init": "mhc_lite"}, {"mhc_bias_init": "preln"})
+        super().defaults(args)
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:

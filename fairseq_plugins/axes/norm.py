@@ -10,7 +10,8 @@ constructor plus one Choice here.
     layernorm   LN(x) = (x - mean) / sqrt(var + eps) * g + b        (Ba et al. 2016; fairseq's default)
     rmsnorm     RMS(x) = x / sqrt(mean(x^2) + eps) * g              (Zhang & Sennrich 2019, arXiv:1910.07467)
     dyt         DyT(x) = g * tanh(alpha x) + b, alpha_0 0.5          (Zhu et al. 2025, arXiv:2503.10622)
-    derf        Derf(x) = g * erf(alpha x + s) + b, alpha_0 0.5     (Chen et al. 2025, arXiv:2512.10938)
+    derf        Derf(x) = g * erf(alpha x + s) + b, alpha_0 by task  (Chen et al. 2025, arXiv:2512.10938)
+                (--derf-alpha-init: 1.0 for a language model, 0.5 for translation, as the authors' code per task)
 
 DyT and Derf are element-wise and bounded (|y| <= |g| + |b|), so they need no float32 region under autocast
 (modules/dyt.py, modules/derf.py); they replace every LayerNorm, cross-attention's and the stack-final ones
@@ -19,14 +20,16 @@ included, as the papers replace every norm.
 
 from torch import nn
 
-from . import Choice
+from ..validation import check_float
+from . import Choice, Option, set_defaults_since
 
 
 class Norm(Choice):
     axis = "norm"
 
     @classmethod
-    def make(cls, normalized_shape, eps: float) -> nn.Module:
+    def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
+        """The norm replacing a LayerNorm of that shape and eps (``args``: the model's, for the choice's options)."""
         raise NotImplementedError
 
 
@@ -38,7 +41,7 @@ class RMSNorm(Norm):
     name, source = "rmsnorm", "RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467)"
 
     @classmethod
-    def make(cls, normalized_shape, eps: float) -> nn.Module:
+    def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
         return nn.RMSNorm(normalized_shape, eps=eps)
 
 
@@ -46,31 +49,56 @@ class DyT(Norm):
     name, source = "dyt", "DyT (Zhu et al., CVPR 2025, arXiv:2503.10622)"
 
     @classmethod
-    def make(cls, normalized_shape, eps: float) -> nn.Module:
+    def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
         from ..modules.dyt import DynamicTanh
 
         return DynamicTanh(normalized_shape, eps)
 
 
+# Derf's alpha_0 per task, from the authors' code (zlab-princeton/Derf@8dd9ea3): 1.0 in the GPT-2 language model
+# (language model/model_derf.patch and train_derf.patch, attn/ffn/dec_alpha_init_value = 1.0), 0.5 in every other
+# task (DiT/ and ViT/dynamic_erf.py, speech model/ (wav2vec 2.0, in fairseq) and DNA model/dynamic_erf.patch)
+DERF_ALPHA_LM, DERF_ALPHA_OTHER = 1.0, 0.5
+
+
 class Derf(Norm):
-    name, source = "derf", "Derf (Chen et al. 2025, arXiv:2512.10938)"
+    name, source = "derf", "Derf (Chen et al. 2025, arXiv:2512.10938; zlab-princeton/Derf)"
+    options = (
+        Option("derf_alpha_init", check_float, (0.0, 100.0, True), None, "A",  # filled by defaults(): by task
+               "Derf's initial alpha in every norm, 0 < A <= 100 (default by task, from the authors' code "
+               "zlab-princeton/Derf: 1.0 for the plugin's language models, as its GPT-2 patch "
+               "(attn/ffn/dec_alpha_init_value = 1.0); 0.5 for translation, the value of every task of the authors "
+               "but the language model (ViT, DiT, wav2vec 2.0 in fairseq, DNA), since translation is not among "
+               "them and fairseq scales the embeddings by sqrt(C), so the stream a norm reads has entries of order "
+               "1 as in those tasks, not GPT-2's 0.02-scale embeddings; a checkpoint saved before issue 55 is "
+               "rebuilt with 0.5, the value then for every task)"),
+    )  # fmt: skip
 
     @classmethod
-    def make(cls, normalized_shape, eps: float) -> nn.Module:
-        from ..modules.derf import DynamicErf
+    def defaults(cls, args) -> None:
+        # the plugin's language models are decoders without cross-attention (lm/language_model.py sets it)
+        alpha = DERF_ALPHA_LM if getattr(args, "no_cross_attention", False) else DERF_ALPHA_OTHER
+        set_defaults_since(args, {"derf_alpha_init": alpha}, {"derf_alpha_init": DERF_ALPHA_OTHER})
+        super().defaults(args)
 
-        return DynamicErf(normalized_shape, eps)
+    @classmethod
+    def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
+        from ..modules.derf import ALPHA_INIT, DynamicErf
+
+        alpha = getattr(args, "derf_alpha_init", None)
+        return DynamicErf(normalized_shape, eps, alpha_init=ALPHA_INIT if alpha is None else alpha)
 
 
-def replace_norms_(module: nn.Module, norm: type[Norm]) -> int:
-    """Replace every nn.LayerNorm under ``module`` by ``norm.make``; returns how many were replaced."""
+def replace_norms_(module: nn.Module, norm: type[Norm], args=None) -> int:
+    """Replace every nn.LayerNorm under ``module`` by ``norm.make`` (given the model's ``args``); returns how many
+    were replaced."""
     if norm is LayerNorm:
         return 0
     found = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.LayerNorm)]
     for name, m in found:
         parent_name, _, child = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, norm.make(m.normalized_shape, m.eps).to(m.weight.device if m.weight is not None else None))
+        setattr(parent, child, norm.make(m.normalized_shape, m.eps, args).to(m.weight.device if m.weight is not None else None))
     return len(found)
 
 

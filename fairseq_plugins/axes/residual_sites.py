@@ -1,7 +1,7 @@
 """The 2024-26 residual-site ideas as ``--residual`` choices (their table entries are added to RESIDUALS).
 
     layerscale   x <- x + diag(lambda) F(LN(x)), lambda_0 = CaiT's eps(depth)   modules/layer_scale.py
-    rezero       x <- x + alpha F(x), alpha_0 = 0, no sublayer norms            modules/rezero.py
+    rezero       x <- x + alpha F(x), alpha_0 = 0, no norms; one alpha per layer   modules/rezero.py
     orthogonal   x <- x + (f - <x,f>/(|x|^2+eps) x), f = F(LN(x)), per token    modules/orthogonal_residual.py
     peri         x <- x + LN_out(F(LN_in(x)))  (Peri-LN = Sandwich-LN)          modules/norm_placement.py
     mix          Mix-LN: the first floor(0.25 L) layers of each stack Post-LN   modules/norm_placement.py
@@ -14,7 +14,8 @@ same part of the model (the layer's forward) that DeepNet, Admin, B2T, ... own. 
 orthogonal update with Post-LN/DeepNet/Admin would be a model none of the papers describe (a scaled branch
 inside a normalised sum); so one switch, one owner of the layer (``owns = {"layer"}``), and they compose with
 every stack that treats a layer as a black box (DenseFormer, DLCL, LAuReL), with tying and with the norm axis.
-All keep fairseq's stack-final LayerNorm (``pre_ln``), as the papers keep their final norm.
+All keep fairseq's stack-final LayerNorm (``pre_ln``), as the papers keep their final norm, except ReZero, whose
+authors' code has none (``--rezero-final-norm``).
 """
 
 from ..modules import site_layers as sl
@@ -22,8 +23,8 @@ from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import check_choice, check_float
-from . import Option
+from ..validation import check_bool, check_choice, check_float
+from . import Option, set_defaults_since
 from .residual import Residual, refuse_pruning
 
 
@@ -42,15 +43,22 @@ class _SiteUpdate(Residual):
         raise NotImplementedError
 
     @classmethod
+    def per_layer(cls, args) -> bool:
+        """Whether one update module serves every site of a layer (else one per site)."""
+        return False
+
+    @classmethod
     def encoder_layer(cls, cfg, args):
         dim, depth = args.encoder_embed_dim, args.encoder_layers
-        return sl.SiteUpdateEncoderLayer(cfg, lambda site: cls.update(dim, depth, args), cls.sublayer_norms)
+        return sl.SiteUpdateEncoderLayer(
+            cfg, lambda site: cls.update(dim, depth, args), cls.sublayer_norms, cls.per_layer(args)
+        )
 
     @classmethod
     def decoder_layer(cls, cfg, args, no_encoder_attn):
         dim, depth = args.decoder_embed_dim, args.decoder_layers
         return sl.SiteUpdateDecoderLayer(
-            cfg, no_encoder_attn, lambda site: cls.update(dim, depth, args), cls.sublayer_norms
+            cfg, no_encoder_attn, lambda site: cls.update(dim, depth, args), cls.sublayer_norms, cls.per_layer(args)
         )
 
 
@@ -68,13 +76,48 @@ class LayerScaleChoice(_SiteUpdate):
         return LayerScale(embed_dim, cait_eps(depth) if init is None else init)
 
 
+REZERO_GATES = ("layer", "sublayer")
+# what the code before issue 55 built, for checkpoints saved by it (their args lack the two options)
+REZERO_BEFORE = {"rezero_gate": "sublayer", "rezero_final_norm": True}
+
+
 class ReZero(_SiteUpdate):
-    name, source = "rezero", "ReZero (Bachlechner et al. 2020, arXiv:2003.04887, eq. 1, section 5)"
+    name, source = "rezero", "ReZero (Bachlechner et al. 2020, arXiv:2003.04887, eq. 1, section 5; majumderb/rezero)"
     sublayer_norms = False
+    options = (
+        Option("rezero_gate", check_choice, (REZERO_GATES,), None, "GATE",  # filled by defaults(): by origin
+               "ReZero's gates: layer (default: one alpha per layer shared by its sublayers, 2 in an encoder layer "
+               "and 3 in a decoder layer, as the authors' code majumderb/rezero rztx.py (one resweight per "
+               "RZTXEncoderLayer/RZTXDecoderLayer) and the paper's 'single additional learned parameter per "
+               "layer') or sublayer (one alpha per sublayer; this plugin's form before issue 55, and what a "
+               "checkpoint saved before then is rebuilt with)"),
+        Option("rezero_final_norm", check_bool, (), None, "BOOL",
+               "keep fairseq's stack-final LayerNorm on the encoder output and before the output projection: false "
+               "(default: none, as the authors' README, 'make sure norm argument is left as None' in "
+               "nn.TransformerEncoder/Decoder) or true (this plugin's form before issue 55, and what a checkpoint "
+               "saved before then is rebuilt with); the flag alone means true", const=True),
+    )  # fmt: skip
+
+    @classmethod
+    def defaults(cls, args) -> None:
+        set_defaults_since(args, {"rezero_gate": "layer", "rezero_final_norm": False}, REZERO_BEFORE)
+        super().defaults(args)
+
+    @classmethod
+    def per_layer(cls, args) -> bool:
+        return args.rezero_gate == "layer"
 
     @classmethod
     def update(cls, embed_dim, depth, args):
         return ReZeroGate()
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        if not model.args.rezero_final_norm:
+            for side in ("encoder", "decoder"):
+                stack = getattr(model, side, None)
+                if getattr(stack, "layer_norm", None) is not None:  # fairseq's forward skips a None final norm
+                    stack.layer_norm = None
 
 
 class Orthogonal(_SiteUpdate):

@@ -16,7 +16,7 @@ so incremental decoding equals full decoding and beam reordering needs nothing e
 
 from ..modules.value_residual import MODES, attach_value_residual
 from ..validation import PluginOptionError, check_bool, check_choice
-from . import Option, refuse_checkpointing, set_defaults
+from . import Option, drop_if_stored, is_set, refuse_checkpointing, set_defaults
 
 SIDES = ("none", "decoder", "both")
 
@@ -41,21 +41,30 @@ def add_args(parser) -> None:
 
 
 def defaults(args) -> None:
-    set_defaults(args, {option.name: option.default for option in OPTIONS})
+    """--value-residual none, and the other two only for a model that reads them (a default filled where nothing
+    reads it would be stored in checkpoints as if it were read)."""
+    set_defaults(args, {OPTIONS[0].name: OPTIONS[0].default})
+    if args.value_residual != "none":
+        set_defaults(args, {option.name: option.default for option in OPTIONS[1:]})
 
 
 def check(args, plan) -> None:
-    for option in OPTIONS:
-        option.validate(args)
+    OPTIONS[0].validate(args)
     if args.value_residual == "none":
-        if args.value_residual_cross:
-            raise PluginOptionError("--value-residual-cross needs --value-residual decoder or both")
+        for option in OPTIONS[1:]:  # read only by the mixes, which --value-residual none does not install
+            if is_set(args, option.name) and not drop_if_stored(args, option.name):
+                raise PluginOptionError(
+                    f"--{option.name.replace('_', '-')} needs --value-residual decoder or both: the model has "
+                    "--value-residual none, so it would be ignored; drop it or choose one of those"
+                )
         return
+    for option in OPTIONS[1:]:
+        option.validate(args)
     label = f"--value-residual {args.value_residual}"
     refuse_checkpointing(args, label, "every layer mixes in the first layer's values v_1, which the stack passes "
                          "between layers and a recomputed layer does not see")  # fmt: skip
     for side in ("decoder", "encoder") if args.value_residual == "both" else ("decoder",):
-        if (getattr(args, f"{side}_layerdrop", 0) or 0) > 0:
+        if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0:  # != 0, not > 0: NaN is refused too
             raise PluginOptionError(
                 f"--{side}-layerdrop cannot be used with {label}: a dropped first layer leaves the later layers "
                 f"without the values v_1 they mix in; use --{side}-layerdrop 0"

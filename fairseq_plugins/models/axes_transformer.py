@@ -33,6 +33,7 @@ from .. import axes
 from ..axes import norm as norm_axis
 from ..axes import value_residual
 from ..axes.tying import check_tying
+from ..fairseq_hooks import check_choice_suggesting
 from ..modules.cross_layer_guidance import (
     NORMS as GUIDANCE_NORMS,
 )
@@ -44,7 +45,12 @@ from ..modules.cross_layer_guidance import (
     tie_pairs,
 )
 from ..precision import AutocastModel, autocast_dtype, enable_autocast
-from ..validation import PluginOptionError, argparse_type, check_choice
+from ..validation import (
+    PluginOptionError,
+    argparse_type,
+    check_choice,
+    check_model_shape,
+)
 from .layer_pruning import SIDES, check_layers_to_keep
 from .layer_stack import TorchScriptUnsupportedError
 
@@ -57,6 +63,31 @@ def check_soft_guidance(name: str, value) -> str:
     from .crossformer import check_guidance
 
     return "none" if value == "none" else check_guidance(name, value)
+
+
+GUIDANCE = axes.Option(
+    "guidance", check_soft_guidance, (), "none", "BLOCKS",
+    "Crossformer soft guidance (eq. 1-2): which adjacent-layer pairs the criterion "
+    "label_smoothed_cross_entropy_with_guidance pulls together: none (default) or 'all' or a comma-separated "
+    "list of key-query, ffn, value. The crossformer_hg* presets read it as their --tying (as before issue 26)",
+)  # fmt: skip
+GUIDANCE_NORM = axes.Option(
+    "guidance_norm", check_choice, (GUIDANCE_NORMS,), "l2", "NORM",
+    "norm of each pair's difference in L_reg (Crossformer eq. 1): l1 or l2 (default, section 3.1); only with --guidance",
+)  # fmt: skip
+GUIDANCE_OPTIONS = (GUIDANCE, GUIDANCE_NORM)
+# the model's options beside the axes' choices: a switch (its option, its off value) -> the options only a model
+# with the switch on reads (refused when it is off). The axes' choices declare theirs (``Choice.options``).
+SWITCHED_OPTIONS: dict[str, tuple[axes.Option, str, tuple[axes.Option, ...]]] = {
+    "value_residual": (value_residual.OPTIONS[0], "none", value_residual.OPTIONS[1:]),
+    "guidance": (GUIDANCE, "none", (GUIDANCE_NORM,)),
+}
+
+
+def soft_guidance(args, plan) -> bool:
+    """Whether the model has a regularizer to train: --guidance names blocks and they are not the tied ones
+    (the crossformer_hg presets name their tied blocks in it, whose soft guidance is identically 0)."""
+    return args.guidance != "none" and (plan is None or args.guidance != plan.tying.name)
 
 
 def plan_of(args) -> axes.Plan:
@@ -73,42 +104,36 @@ def add_axis_args(parser) -> None:
     }
     for axis, table in axes.tables().items():
         sources = "; ".join(f"{name}: {choice.source}" for name, choice in table.items())
-        check, more = argparse_type(check_choice, axis, tuple(table)), ""
+        check, more = argparse_type(check_choice_suggesting, axis, tuple(table)), ""
         if axis == "tying":  # a comma list of blocks too, as resolve() and crossformer_hg's --guidance take it
             check, more = argparse_type(check_tying, axis), ", or a comma list of blocks (key-query,ffn)"
         parser.add_argument(
             "--" + axis.replace("_", "-"), type=check, metavar="CHOICE",
             help=f"{helps[axis]}; one of {', '.join(table)}{more} ({sources}). Axes: docs/axes.md",
         )  # fmt: skip
-    added = set()  # variants share their parent's options (the LAuReL and HC variants, dca-k): add them once
+    added = set()  # choices share options (the LAuReL and HC variants, dca-k): each is added once, by name
     for table in axes.tables().values():
         for choice in table.values():
-            key = (choice.add_args.__func__, tuple(option.name for option in choice.options))
-            if key not in added:
-                added.add(key)
-                choice.add_args(parser)
+            for option in choice.options:
+                if option.name not in added:
+                    added.add(option.name)
+                    option.add(parser)
     value_residual.add_args(parser)
-    parser.add_argument(
-        "--guidance", type=argparse_type(check_soft_guidance, "guidance"), metavar="BLOCKS",
-        help="Crossformer soft guidance (eq. 1-2): which adjacent-layer pairs the criterion "
-        "label_smoothed_cross_entropy_with_guidance pulls together: none (default) or 'all' or a comma-separated "
-        "list of key-query, ffn, value. The crossformer_hg* presets read it as their --tying (as before issue 26)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--guidance-norm", type=argparse_type(check_choice, "guidance_norm", GUIDANCE_NORMS), metavar="NORM",
-        help="norm of each pair's difference in L_reg (Crossformer eq. 1): l1 or l2 (default, section 3.1)",
-    )  # fmt: skip
+    for option in GUIDANCE_OPTIONS:
+        option.add(parser)
 
 
 def axes_architecture(args) -> None:
     """Fill every axis (defaults of ``residual_axes``) and each chosen idea's options, then fairseq's."""
     axes.set_defaults(args, AXIS_DEFAULTS)
-    axes.set_defaults(args, {"guidance": "none", "guidance_norm": "l2"})
+    axes.set_defaults(args, {"guidance": "none"})
     value_residual.defaults(args)
     try:
         plan = plan_of(args)
     except PluginOptionError:
         plan = None  # build_model reports it
+    if soft_guidance(args, plan):  # only guidance_loss's pairs read it: not filled where nothing reads it
+        axes.set_defaults(args, {"guidance_norm": "l2"})
     if plan is not None:
         for choice in plan.choices():
             choice.defaults(args)
@@ -131,6 +156,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         cls.architecture(args)
+        check_model_shape(args)  # fairseq's depths, widths, heads and drop rates, each naming its option
         plan = plan_of(args)
         axes.check_compatible(plan)  # first: a refused pair is named as such, not by one choice's own checks
         for choice in plan.choices():
@@ -138,7 +164,15 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         axes.check_unused_options(args, plan)
         value_residual.check(args, plan)
         args.guidance = check_soft_guidance("guidance", args.guidance)
-        args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, GUIDANCE_NORMS)
+        if soft_guidance(args, plan):
+            args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, GUIDANCE_NORMS)
+        elif axes.is_set(args, "guidance_norm") and not axes.drop_if_stored(args, "guidance_norm"):
+            has = f"--guidance {args.guidance}" + (f" with {plan.tying.label()} (tied: L_reg is identically 0)"
+                                                   if args.guidance != "none" else "")  # fmt: skip
+            raise PluginOptionError(
+                "--guidance-norm applies only with soft guidance, --guidance BLOCKS other than the tied ones (the "
+                f"pairs whose differences it measures), and the model has {has}: it would be ignored; drop it"
+            )
         if plan.tying.blocks and getattr(args, "ddp_backend", None) == "fully_sharded":
             raise PluginOptionError(
                 f"--ddp-backend fully_sharded cannot be used with {plan.tying.label()}: FSDP flattens and shards "
@@ -150,8 +184,8 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
         record_pruned_layer_ids(args)
         model = super().build_model(args, task)
-        norm_axis.replace_norms_(model.encoder, plan.norm)
-        norm_axis.replace_norms_(model.decoder, plan.norm)
+        norm_axis.replace_norms_(model.encoder, plan.norm, args)
+        norm_axis.replace_norms_(model.decoder, plan.norm, args)
         plan.residual.initialize(model, args)
         value_residual.attach(model, args)
         for side in SIDES:
@@ -198,7 +232,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         self.tied_pairs = pairs(plan.tying.blocks)
         self.guidance_pairs = pairs(guided_blocks(args.guidance) if args.guidance != "none" else ())
         # soft guidance of tied pairs is identically 0 (the crossformer_hg presets name their tied blocks in it)
-        self.soft_guidance = args.guidance != "none" and args.guidance != plan.tying.name
+        self.soft_guidance = soft_guidance(args, plan)
         plan.residual.prepare(self)
 
     def __prepare_scriptable__(self):
@@ -227,7 +261,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
         The interface ``label_smoothed_cross_entropy_with_guidance`` reads (0 without ``--guidance``).
         """
-        norm = self.args.guidance_norm
+        norm = getattr(self.args, "guidance_norm", None) or "l2"  # unset without soft guidance: no pairs or tied ones
         return sum(guidance_loss(getattr(self, s).layers, self.guidance_pairs[s], norm) for s in SIDES)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):

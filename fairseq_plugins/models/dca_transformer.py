@@ -264,7 +264,7 @@ def check_dca_args(args) -> None:
                 f"dca_transformer needs --{side}-normalize-before: DCA is built on Pre-LN layers "
                 "(the GRNs replace the Pre-LN residual stream)"
             )
-        if getattr(args, f"{side}_layerdrop", 0) > 0 or getattr(args, f"{side}_layers_to_keep", None):
+        if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0 or getattr(args, f"{side}_layers_to_keep", None):
             raise PluginOptionError(
                 f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with dca_transformer: every "
                 "layer owns GRNs sized by its position in the stack"

@@ -1,14 +1,17 @@
 """Derf, Dynamic erf (Chen et al., "Stronger Normalization-Free Transformers", arXiv:2512.10938, the Derf
 equation (eq. 10 per third-party notes, not checked); authors' code zlab-princeton/Derf ``DiT/dynamic_erf.py``,
-read at 6e1d81c).
+read at 6e1d81c, and its language-model patches, read at 8dd9ea3).
 
 An element-wise replacement for every LayerNorm, like DyT with erf and a learned shift inside:
 
     Derf(x) = gamma * erf(alpha x + s) + beta     alpha, s learned scalars, gamma, beta in R^C
 
 Init (authors' code): alpha = 0.5, s = 0, gamma = 1, beta = 0; alpha and s are one scalar each per norm (the
-code's ``torch.ones(1)``). The authors' GPT-2 patch allows separate alpha_0 for attention/FFN/final norms; its
-README does not give the values used, so 0.5 everywhere is the default here.
+code's ``torch.ones(1)``). alpha_0 depends on the task in the authors' code (zlab-princeton/Derf@8dd9ea3): 0.5
+(``ALPHA_INIT``, the module default) for ViT, DiT, wav2vec 2.0 and the DNA model; 1.0 in the GPT-2 language
+model (``language model/model_derf.patch``: ``attn_alpha_init_value``, ``ffn_alpha_init_value`` and
+``dec_alpha_init_value`` default to 1.0, and ``train_derf.patch`` sets all three to 1.0). The model's choice
+(``--derf-alpha-init``, axes/norm.py) follows it: 1.0 for the plugin's language models, 0.5 for translation.
 
 Interface, encoder-decoder decisions and half precision: as ``dyt.DynamicTanh`` (LayerNorm's constructor
 and call; replace every LayerNorm including cross-attention's and the stack-final ones; stateless and

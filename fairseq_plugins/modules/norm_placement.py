@@ -122,7 +122,7 @@ def stack_norms(placement: str, peri_embedding: bool = False) -> StackNorms:
     """The stack-level norms (see the module docstring)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"norm placement must be one of {PLACEMENTS}, got {placement!r}")
-    if placement == "post":
+    if placement in ("post", "rezero"):  # ReZero: the authors' code has no final norm (modules/rezero.py)
         return StackNorms(final=False)
     return StackNorms(embedding=placement == "peri" and peri_embedding, final=True)
 

@@ -6,7 +6,8 @@ A site is one sublayer's residual sum (``residual_wiring.SiteResidual``: self_at
 whose ``forward(x, residual)`` replaces ``residual + x`` (x the dropped-out branch output, fairseq's
 ``residual_connection`` order): LayerScale (modules/layer_scale.py), ReZero's gate (modules/rezero.py), the
 orthogonal update (modules/orthogonal_residual.py) and Peri-LN's output norm (``PeriOutput``) all have that
-interface, so one pair of layer classes carries them and no fairseq forward is copied.
+interface, so one pair of layer classes carries them and no fairseq forward is copied. ``per_layer=True`` builds one module
+shared by all the layer's sites (ReZero's authors' one gate per layer), saved once as ``site_update.layer``.
 
 ReZero's layers have no sublayer norms (norm_placement ``rezero``): ``drop_sublayer_norms_`` turns them into
 identities, so the norm axis, which replaces nn.LayerNorm modules, leaves them alone. HybridNorm's layers
@@ -58,27 +59,39 @@ def drop_sublayer_norms_(layer: nn.Module) -> None:
             setattr(layer, name, Contiguous())
 
 
+LAYER_SITE = "layer"  # the key of a module shared by every site of a layer (``per_layer``)
+
+
+def site_updates(sites, make_update: Callable[[str], nn.Module], per_layer: bool) -> nn.ModuleDict:
+    """site -> its module, or {"layer": one module} that every site uses (``per_layer``)."""
+    return nn.ModuleDict({LAYER_SITE: make_update(LAYER_SITE)} if per_layer else {s: make_update(s) for s in sites})
+
+
 class SiteUpdateEncoderLayer(SiteEncoderLayer):
-    def __init__(self, cfg, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True):
+    def __init__(self, cfg, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True,
+                 per_layer: bool = False):  # fmt: skip
         super().__init__(cfg)
-        self.site_update = nn.ModuleDict({site: make_update(site) for site in ENCODER_SITES})
+        self.site_update = site_updates(ENCODER_SITES, make_update, per_layer)
+        self.per_layer_update = per_layer
         if not sublayer_norms:
             drop_sublayer_norms_(self)
 
     def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
-        return self.site_update[site](x, residual)
+        return self.site_update[LAYER_SITE if self.per_layer_update else site](x, residual)
 
 
 class SiteUpdateDecoderLayer(SiteDecoderLayer):
-    def __init__(self, cfg, no_encoder_attn: bool, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True):
+    def __init__(self, cfg, no_encoder_attn: bool, make_update: Callable[[str], nn.Module], sublayer_norms: bool = True,
+                 per_layer: bool = False):  # fmt: skip
         super().__init__(cfg, no_encoder_attn)
         sites = ("self_attn", "ffn") if no_encoder_attn else DECODER_SITES
-        self.site_update = nn.ModuleDict({site: make_update(site) for site in sites})
+        self.site_update = site_updates(sites, make_update, per_layer)
+        self.per_layer_update = per_layer
         if not sublayer_norms:
             drop_sublayer_norms_(self)
 
     def combine(self, site: str, x: Tensor, residual: Tensor) -> Tensor:
-        return self.site_update[site](x, residual)
+        return self.site_update[LAYER_SITE if self.per_layer_update else site](x, residual)
 
 
 class _Hybrid:
