@@ -17,10 +17,12 @@ from . import (  # noqa: F401
     fairseq_hooks,
     lm,
     models,
+    quiet_warnings,
     validation,
 )
 
 validation.install_error_report()  # an option error ends fairseq-train/-generate with its message, not a traceback
 fairseq_hooks.install()
+quiet_warnings.install()  # fairseq's warnings no user can act on (quiet_warnings.py)
 
 __version__ = "0.1.0"
