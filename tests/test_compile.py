@@ -19,8 +19,9 @@ from fairseq_plugins.axes import tables
 from fairseq_plugins.kernels import grn_kernel, mhc_kernel
 from fairseq_plugins.modules.compiled import compile_ideas
 from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
+from fairseq_plugins.validation import PluginOptionError
 
-from .helpers import build_model, random_batch
+from .helpers import build_model, parse_model_args, random_batch
 from .test_grn_kernel import needs_kernel
 
 CHOICES = [(axis, name) for axis, table in tables().items() for name in table]
@@ -181,3 +182,21 @@ def test_a_tiny_model_trains_compiled():
             assert graph_breaks() == 0
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
     assert losses[True][-1] < losses[True][0]
+
+
+def test_the_compile_option_compiles_the_layers_and_is_checked():
+    """--compile-ideas BACKEND compiles every layer in place (same parameters, same outputs); a bad backend and
+    --store-ema (its deep copy would run the original's compiled code) are refused naming the option."""
+    eager = build_model("mhc_e6d6")
+    compiled = build_model("mhc_e6d6", ["--compile-ideas", "eager"])
+    for side in ("encoder", "decoder"):
+        assert all(layer._compiled_call_impl is not None for layer in getattr(compiled, side).layers)
+        assert all(layer._compiled_call_impl is None for layer in getattr(eager, side).layers)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    src, lengths, prev = random_batch(eager)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(src, lengths, prev)[0], eager(src, lengths, prev)[0])
+    with pytest.raises(SystemExit):
+        parse_model_args("mhc_e6d6", ["--compile-ideas", "triton"])
+    with pytest.raises(PluginOptionError, match="--compile-ideas cannot be used with --store-ema"):
+        build_model("mhc_e6d6", ["--compile-ideas", "eager", "--store-ema"])

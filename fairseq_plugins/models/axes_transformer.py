@@ -34,6 +34,7 @@ from ..axes import norm as norm_axis
 from ..axes import value_residual
 from ..axes.tying import check_tying
 from ..fairseq_hooks import check_choice_suggesting
+from ..modules.compiled import compile_ideas
 from ..modules.cross_layer_guidance import (
     NORMS as GUIDANCE_NORMS,
 )
@@ -140,6 +141,9 @@ def axes_architecture(args) -> None:
     base_architecture(args)
 
 
+COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
+
+
 @register_model(MODEL)
 class AxesTransformerModel(AutocastModel, TransformerModel):
     """fairseq's transformer assembled from the four axis choices (module docstring)."""
@@ -148,6 +152,14 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         add_axis_args(parser)
+        parser.add_argument(
+            "--compile-ideas", type=argparse_type(check_choice, "compile_ideas", COMPILE_BACKENDS), metavar="BACKEND",
+            help="none (default), inductor, aot_eager or eager: torch.compile the encoder's and decoder's layers and "
+            "the layer-loop hooks of the idea modules with this backend (fairseq_plugins/modules/compiled.py; every "
+            "choice traces without graph breaks, tests/test_compile.py). inductor emits Triton kernels on a GPU; on "
+            "the CPU the default, eager PyTorch with the fused C kernels, is faster (whole-model compile ran at 0.78 "
+            "of eager, issue 58). Not with --store-ema, whose copy of the model would run the original's compiled code",
+        )  # fmt: skip
 
     @classmethod
     def architecture(cls, args) -> None:
@@ -179,6 +191,12 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
                 "each layer's parameters apart, and tying shares them between adjacent layers; use c10d, "
                 "legacy_ddp or no_c10d"
             )
+        if check_choice("compile_ideas", getattr(args, "compile_ideas", None) or "none", COMPILE_BACKENDS) != "none" \
+                and getattr(args, "store_ema", False):  # fmt: skip
+            raise PluginOptionError(
+                "--compile-ideas cannot be used with --store-ema: the EMA model is a deep copy, whose compiled layers "
+                "would still run the original model's code; drop one of them"
+            )
         check_layers_to_keep(args)  # fairseq's list-vs-string and one-sided pruning bugs (layer_pruning.py)
         from .crossformer import record_pruned_layer_ids
 
@@ -191,7 +209,9 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         for side in SIDES:
             tie_pairs(getattr(model, side).layers, model.tied_pairs[side])
         # again after the norm axis replaced the LayerNorms: the new norms run in float32 too
-        return enable_autocast(model, autocast_dtype(args))
+        model = enable_autocast(model, autocast_dtype(args))
+        backend = check_choice("compile_ideas", getattr(args, "compile_ideas", None) or "none", COMPILE_BACKENDS)
+        return model if backend == "none" else compile_ideas(model, backend=backend)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

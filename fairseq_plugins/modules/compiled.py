@@ -10,8 +10,9 @@ fairseq's attention and FFN inside the layers. fairseq's loop around them (embed
 which read data: ``if has_pads``) stays eager, which is why the model as a whole is not compiled.
 
 Compile after any copy of the model (fairseq's ``--ema`` deep-copies it): the compiled code is bound to the
-modules it was made from, so a copy would run the original's. Nothing here is a command-line option yet
-(docs/gpu.md says why); a training script calls it on the built model.
+modules it was made from, so a copy would run the original's. ``--compile-ideas BACKEND`` calls it at the end of
+``residual_axes``' build_model (models/axes_transformer.py, refused with ``--store-ema``); a training script may
+call it on any built model.
 
 On the CPU the default stays eager with the fused C kernels: the whole model compiled (E6D6, width 256, one
 thread) ran at 0.78 of eager after 374 s of compiling (issue 58). ``options`` are torch.compile's
