@@ -218,22 +218,16 @@ def check(claim: Claim, records: Records) -> str | None:
             ok = word in ("not-shown", "seeds-disagree")
         against = records._comparisons(system)[1]
         return None if ok else f"{system} vs {against} in {metric} (margin {margin:g}): {_describe(intervals)}, which is {word}"
-    if kind == "ranked":
+    if kind in ("ranked", "unranked"):
         (first, second), metric = _split_metric(args, 2)
         metric = records.metric(metric)
         a, b = records.intervals(first, metric), records.intervals(second, metric)
         seeds = sorted(set(a) & set(b))
         if not seeds:
             return f"{first} and {second} share no seed"
-        bad = [s for s in seeds if not a[s][1] > b[s][2]]
-        return None if not bad else f"{first}'s interval does not lie above {second}'s in seed(s) {bad}"
-    if kind == "unranked":
-        (first, second), metric = _split_metric(args, 2)
-        metric = records.metric(metric)
-        a, b = records.intervals(first, metric), records.intervals(second, metric)
-        seeds = sorted(set(a) & set(b))
-        if not seeds:
-            return f"{first} and {second} share no seed"
+        if kind == "ranked":
+            bad = [s for s in seeds if not a[s][1] > b[s][2]]
+            return None if not bad else f"{first}'s interval does not lie above {second}'s in seed(s) {bad}"
         for x, y, name in ((a, b, first), (b, a, second)):
             if all(x[s][1] > y[s][2] for s in seeds):
                 return f"{name}'s interval lies above the other's in every seed: they are ranked"
