@@ -1,5 +1,5 @@
 # Sourced by every recipe (not run on its own): sets $root (the repository) and $py (the Python that runs
-# the recipe's scripts/*/*.py and fairseq).
+# the recipe's tools, python -m scripts.GROUP.MODULE, and fairseq).
 #   RECIPE_PYTHON=/path/to/python  use that interpreter as it is and skip scripts/setup_env.sh (the tests do)
 #   VENV_DIR=...                   otherwise scripts/setup_env.sh creates or reuses this venv (default .venv)
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,6 +9,10 @@ else
   bash "$root/scripts/setup_env.sh"
   py="${VENV_DIR:-$root/.venv}/bin/python"
 fi
+# the tools run as modules of the scripts package (python -m scripts.GROUP.MODULE) from any directory: the
+# repository root goes on PYTHONPATH rather than being cd'd into, so relative paths in variables and options keep
+# meaning the caller's directory
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 # progress lines of the Python steps appear as they happen, also through pipes and tee
 export PYTHONUNBUFFERED=1
 # warnings fairseq's own code raises on every command and no user can act on (hydra's compatibility API, which
@@ -37,5 +41,5 @@ bool_var() {
 # warn_misspelt TAG NAME...: a set variable that nearly spells one of the recipe's NAMEs (SEEDS for SEED,
 # MAX_UPDATES for MAX_UPDATE) is named in a warning, since nothing reads it and the recipe would keep the default
 warn_misspelt() {
-  "$py" "$root/scripts/recipe_common.py" misspelt "$@" RECIPE_PYTHON VENV_DIR || true  # a warning never stops a recipe
+  "$py" -m scripts.recipe_common misspelt "$@" RECIPE_PYTHON VENV_DIR || true  # a warning never stops a recipe
 }

@@ -20,4 +20,4 @@ if [ -n "${BEAM:-}" ]; then args+=(--beam "$BEAM"); fi
 if [ -n "${LENPEN:-}" ]; then args+=(--lenpen "$LENPEN"); fi
 if [ -n "${SETS:-}" ]; then args+=(--sets "$SETS"); fi
 if [ -n "${OUTPUT_DIR:-}" ]; then args+=(--output-dir "$OUTPUT_DIR"); fi
-exec "$py" "$root/scripts/training/evaluate_recipe.py" "${args[@]}" "$@"
+exec "$py" -m scripts.training.evaluate_recipe "${args[@]}" "$@"

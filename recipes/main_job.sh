@@ -11,6 +11,6 @@
 #   MULTI30K_DIR  a local Multi30k copy (no download)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export STUDY_SCRIPT="$here/../scripts/training/main_job.py"
+export STUDY_MODULE=scripts.training.main_job
 export STUDY_COMMAND="${STUDY_COMMAND:-bash recipes/main_job.sh${*:+ $*}}"
 exec bash "$here/study.sh" "$@"

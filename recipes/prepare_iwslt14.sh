@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # IWSLT-14 De<->En as fairseq's prepare-iwslt14.sh (Moses tokenisation with sacremoses, clean-corpus, lowercase,
 # joint BPE 10k), binarized in one direction. ResiDual trains EN->DE, Crossformer DE->EN.
-# Usage: bash recipes/prepare_iwslt14.sh [more options of scripts/data/prepare_iwslt14.py]
+# Usage: bash recipes/prepare_iwslt14.sh [more options of python -m scripts.data.prepare_iwslt14]
 # Environment (defaults in brackets):
 #   SRC [de], TGT [en]   de-en or en-de (both directions share the tokenised and BPE files)
 #   RAW_DIR              a local directory with the contents of de-en.tgz: no download
@@ -19,4 +19,4 @@ verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
 joined="$(bool_var JOINED_DICTIONARY 1)"
 if [ "$joined" = 0 ]; then args+=(--no-joined-dictionary); fi
-exec "$py" "$root/scripts/data/prepare_iwslt14.py" "${args[@]}" "$@"
+exec "$py" -m scripts.data.prepare_iwslt14 "${args[@]}" "$@"

@@ -31,4 +31,4 @@ if [ -n "${SEGMENTATION:-}" ]; then args+=(--segmentation "$SEGMENTATION"); fi
 if [ -n "${VOCAB_SIZE:-}" ]; then args+=(--vocab-size "$VOCAB_SIZE"); fi
 if [ -n "${WORK_DIR:-}" ]; then args+=(--work-dir "$WORK_DIR"); fi
 if [ -n "${DEST_DIR:-}" ]; then args+=(--dest-dir "$DEST_DIR"); fi
-exec "$py" "$root/scripts/lm/prepare_lm.py" "${args[@]}" "$@"
+exec "$py" -m scripts.lm.prepare_lm "${args[@]}" "$@"

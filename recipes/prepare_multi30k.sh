@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k task 1 (de/en/fr, 29k training pairs): joint SentencePiece, binarized for fairseq.
-# Usage: bash recipes/prepare_multi30k.sh [more options of scripts/data/prepare_multi30k.py]
+# Usage: bash recipes/prepare_multi30k.sh [more options of python -m scripts.data.prepare_multi30k]
 # Environment (defaults in brackets):
 #   SRC [de], TGT [en]       direction, any two of de en fr
 #   MULTI30K_DIR             local directory with train/val/test_2016_flickr.LANG.gz: no download
@@ -16,4 +16,4 @@ if [ -n "${WORK_DIR:-}" ]; then args+=(--work-dir "$WORK_DIR"); fi
 if [ -n "${DEST_DIR:-}" ]; then args+=(--dest-dir "$DEST_DIR"); fi
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
-exec "$py" "$root/scripts/data/prepare_multi30k.py" "${args[@]}" "$@"
+exec "$py" -m scripts.data.prepare_multi30k "${args[@]}" "$@"

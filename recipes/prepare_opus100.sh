@@ -2,7 +2,7 @@
 # OPUS-100 (English-centric, both directions in one model) as the ResiDual authors train it: joint SentencePiece
 # (64k), one shared dictionary, binarized per pair for fairseq's translation_multi_simple_epoch task (which adds
 # the target-language token and samples directions with temperature 5). Downloads about 2.5 GB.
-# Usage: bash recipes/prepare_opus100.sh [more options of scripts/data/prepare_opus100.py]
+# Usage: bash recipes/prepare_opus100.sh [more options of python -m scripts.data.prepare_opus100]
 # Environment (defaults in brackets):
 #   RAW_DIR              a local directory holding opus-100-corpus/: no download
 #   LANGS [all]          comma-separated non-English languages, e.g. de,fr,zh; all: the 94 pairs with dev and
@@ -18,4 +18,4 @@ if [ -n "${WORK_DIR:-}" ]; then args+=(--work-dir "$WORK_DIR"); fi
 if [ -n "${DEST_DIR:-}" ]; then args+=(--dest-dir "$DEST_DIR"); fi
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
-exec "$py" "$root/scripts/data/prepare_opus100.py" "${args[@]}" "$@"
+exec "$py" -m scripts.data.prepare_opus100 "${args[@]}" "$@"

@@ -2,7 +2,7 @@
 # WMT14 En-De (4.5M pairs, joint BPE 32k) or En-Fr (36M pairs, joint BPE 40k) as fairseq's prepare scripts do:
 # Moses normalisation/tokenisation (sacremoses), clean-corpus, valid newstest2013, test newstest2014 and, for
 # En-De, newstest2010-2016 (ResiDual tables 6-7). Downloads about 1.5 GB (En-De) or 4 GB (En-Fr).
-# Usage: bash recipes/prepare_wmt14.sh [more options of scripts/data/prepare_wmt14.py]
+# Usage: bash recipes/prepare_wmt14.sh [more options of python -m scripts.data.prepare_wmt14]
 # Environment (defaults in brackets):
 #   SRC [en], TGT [de]   en-de, de-en, en-fr or fr-en
 #   RAW_DIR              a local directory with the unpacked corpora and SGM test files: no download
@@ -21,4 +21,4 @@ if [ -n "${WORK_DIR:-}" ]; then args+=(--work-dir "$WORK_DIR"); fi
 if [ -n "${DEST_DIR:-}" ]; then args+=(--dest-dir "$DEST_DIR"); fi
 verify="$(bool_var VERIFY_COUNTS 1)"
 if [ "$verify" = 0 ]; then args+=(--no-verify-counts); fi
-exec "$py" "$root/scripts/data/prepare_wmt14.py" "${args[@]}" "$@"
+exec "$py" -m scripts.data.prepare_wmt14 "${args[@]}" "$@"

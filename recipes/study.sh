@@ -39,7 +39,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # main_job.sh runs this file with its own entry point (the main job is a small study)
-script="${STUDY_SCRIPT:-$root/scripts/study/study.py}"
+module="${STUDY_MODULE:-scripts.study.study}"
 export STUDY_COMMAND="${STUDY_COMMAND:-bash recipes/study.sh${*:+ $*}}"
 args=()
 opt() { if [ -n "${!1+set}" ]; then args+=("$2" "${!1}"); fi; }
@@ -69,4 +69,4 @@ report_only="$(bool_var REPORT_ONLY 0)"
 if [ "$report_only" = 1 ]; then args+=(--report-only); fi
 dry_run="$(bool_var DRY_RUN 0)"
 if [ "$dry_run" = 1 ]; then args+=(--dry-run); fi
-exec "$py" "$script" "${args[@]}" "$@"
+exec "$py" -m "$module" "${args[@]}" "$@"

@@ -37,4 +37,4 @@ if [ -n "${AVERAGE_LAST:-}" ]; then args+=(--average-last "$AVERAGE_LAST"); fi
 if [ -n "${SEED:-}" ]; then args+=(--seed "$SEED"); fi
 dry="$(bool_var DRY_RUN 0)"
 if [ "$dry" = 1 ]; then args+=(--dry-run); fi
-exec "$py" "$root/scripts/training/train_recipe.py" "${args[@]}" "$@"
+exec "$py" -m scripts.training.train_recipe "${args[@]}" "$@"

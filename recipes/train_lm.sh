@@ -35,4 +35,4 @@ if [ -n "${MAX_UPDATE:-}" ]; then args+=(--max-update "$MAX_UPDATE"); fi
 if [ -n "${SEED:-}" ]; then args+=(--seed "$SEED"); fi
 dry="$(bool_var DRY_RUN 0)"
 if [ "$dry" = 1 ]; then args+=(--dry-run); fi
-exec "$py" "$root/scripts/lm/train_lm.py" "${args[@]}" "$@"
+exec "$py" -m scripts.lm.train_lm "${args[@]}" "$@"

@@ -6,9 +6,9 @@ errors and logging, atomic files, running fairseq's tools, and the manifest a pr
 - errors are ``RecipeError``: the recipe stops with one clear line naming the variable or option, and
   exit status 1 (``run_main``).
 
-Scripts live in one folder per concern and are run as files (``python scripts/data/prepare_multi30k.py``);
-each folder's own helper module (data_common, training_common, analysis_common) puts this folder and the
-repository root on ``sys.path`` (``bootstrap``), so this module imports by its plain name.
+Scripts live in one folder per concern of the ``scripts`` package and run as modules from the repository root
+(``python -m scripts.data.prepare_multi30k``); each folder's own helper module (data_common, training_common,
+analysis_common) re-exports what its scripts need from here.
 """
 
 import contextlib

@@ -1,7 +1,7 @@
 """Regenerate every generated file of the repository from the declarations, or list the stale ones.
 
-    python scripts/regenerate.py            # rewrite each generated file (temporary name, then moved into place)
-    python scripts/regenerate.py --check    # write nothing; exit 1 naming every stale file
+    python -m scripts.regenerate            # rewrite each generated file (temporary name, then moved into place)
+    python -m scripts.regenerate --check    # write nothing; exit 1 naming every stale file
 
 What it writes, and what from (tests/test_generated_docs.py fails while any of them is stale):
 
@@ -41,13 +41,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COMMAND = "python scripts/regenerate.py"
-# scripts/ is not a package yet: the recipes' modules import each other by bare name from their own folders
-for _folder in ("training", "lm"):
-    if str(REPO / "scripts" / _folder) not in sys.path:
-        sys.path.append(str(REPO / "scripts" / _folder))
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+COMMAND = "python -m scripts.regenerate"
 
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
@@ -474,13 +468,13 @@ def testing_files() -> str:
 
 
 def golden_train() -> str:
-    import train_golden
+    from scripts.training import train_golden
 
     return "\n".join(train_golden.GOLDEN_HEADER + train_golden.golden_lines()) + "\n"
 
 
 def golden_lm() -> str:
-    import train_lm
+    from scripts.lm import train_lm
 
     return "\n".join(train_lm.GOLDEN_HEADER + train_lm.golden_lines()) + "\n"
 

@@ -89,17 +89,13 @@ def full_and_incremental_logits(model, src, lengths, prev):
     return full, torch.cat(steps, dim=1)
 
 
-def load_script(relative: str, name: str):
-    """A script of the repository (e.g. scripts/benchmark/before_after.py) as module ``name``, loaded once."""
-    import importlib.util
+def load_script(relative: str, name: str | None = None):
+    """A script of the repository (e.g. scripts/benchmark/before_after.py), imported by its package name
+    (scripts.benchmark.before_after), so the tests patch the very module the other scripts import; ``name`` is
+    the script's short name, kept for the callers."""
+    import importlib
 
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
 
 
 BF16_EPS = 2.0**-7  # spacing of bfloat16 numbers in [1, 2)

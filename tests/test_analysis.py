@@ -9,16 +9,14 @@ import sys
 import pytest
 import torch
 
-from .helpers import REPO, run, train_command
-
-sys.path.insert(0, str(REPO / "scripts" / "analysis"))
+from .helpers import run, train_command
 
 TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients", "attnres_weights",
          "mudd_weights"]
 
 
 def tool(name: str):
-    return importlib.import_module(name)
+    return importlib.import_module(f"scripts.analysis.{name}")
 
 
 def read_csv(path) -> list[dict]:
@@ -39,7 +37,7 @@ def test_every_tool_has_help_naming_its_paper(name):
 
 
 def test_scripts_run_as_files():
-    proc = run([sys.executable, REPO / "scripts" / "analysis" / "depth_width.py", "--budget", "85M"])
+    proc = run([sys.executable, "-m", "scripts.analysis.depth_width", "--budget", "85M"])
     assert "depth 23" in proc.stdout and "width 555" in proc.stdout
 
 
@@ -293,7 +291,8 @@ def test_reports_are_written_under_a_temporary_name_and_moved_into_place(tmp_pat
 def test_mhc_coefficients_at_initialisation_are_the_static_ones(arch, n_moved, n_others):
     """phi = 0 at initialisation: every token's H_res is the static one, whose off-diagonal row mass is
     n_moved e^-8 / (1 + n_others e^-8) (mHC: the three other streams; mHC-lite: the 18 of the 23 other
-    permutations that move a given stream), H_post = 2 sigmoid(0) = 1 and H_pre = sigmoid(+-1)."""
+    permutations that move a given stream), H_pre = sigmoid(+-1) and, at the default start (mhc-lite's code, issue
+    55), H_post = 2 sigmoid(+-1)."""
     import math
 
     from .helpers import build_model, random_batch
@@ -306,7 +305,7 @@ def test_mhc_coefficients_at_initialisation_are_the_static_ones(arch, n_moved, n
     expected = n_moved * e / (1 + n_others * e)
     for r in rows:
         assert r["offdiag_mean"] == pytest.approx(expected, rel=1e-4) and r["offdiag_max"] == pytest.approx(expected, rel=1e-4)
-        assert r["post_min"] == pytest.approx(1.0) and r["post_max"] == pytest.approx(1.0)
+        assert r["post_min"] == pytest.approx(2 / (1 + math.e)) and r["post_max"] == pytest.approx(2 / (1 + math.exp(-1)))
         assert r["pre_min"] == pytest.approx(1 / (1 + math.e)) and r["pre_max"] == pytest.approx(1 / (1 + math.exp(-1)))
     with pytest.raises(ValueError, match="no mHC or mHC-lite unit"):
         tool("mhc_coefficients").measure(build_model("transformer_preln_iwslt_e6d6"), [])

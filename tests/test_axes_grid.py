@@ -15,7 +15,6 @@ this grid as a table (``scripts/analysis/grid_table.py``); a test keeps the two 
 import copy
 import functools
 import os
-import sys
 
 import pytest
 import torch
@@ -112,11 +111,10 @@ def test_combination_works_or_is_refused_naming_both_choices(combo):
 
 
 def test_docs_grid_is_up_to_date():
-    sys.path.insert(0, str(REPO / "scripts" / "analysis"))
-    import grid_table
+    from scripts.analysis import grid_table
 
     assert (REPO / "docs" / "grid.md").read_text() == grid_table.markdown(), (
-        "docs/grid.md is stale: python scripts/analysis/grid_table.py > docs/grid.md"
+        "docs/grid.md is stale: python -m scripts.analysis.grid_table > docs/grid.md"
     )
 
 

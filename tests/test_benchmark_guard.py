@@ -85,7 +85,7 @@ def test_no_gross_slowdown_against_fairseq_transformer(family, verdicts):
         pytest.skip(f"family {family} is not registered (no {family}_iwslt_e6d6 preset) yet")
     assert not verdicts[family], (
         f"{family} is grossly slower than transformer_preln at tiny E6D6: {'; '.join(verdicts[family])} "
-        f"(bounds {GUARD}); profile it with scripts/benchmark/benchmark.py --family {family}"
+        f"(bounds {GUARD}); profile it with python -m scripts.benchmark.benchmark --family {family}"
     )
 
 
@@ -178,7 +178,7 @@ def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_pat
     merged = json.loads(out.read_text())
     assert [(r["group"], list(r["families"])) for r in merged["results"]] == [(1, ["residual"]), (2, ["rezero"])]
     assert {v["target"]["family"] for v in merged["targets"]} == {"residual", "rezero"}
-    assert merged["command"].count("benchmark.py") == 2
+    assert merged["command"].count("scripts.benchmark.benchmark") == 2
     other = json.loads((tmp_path / "b.json").read_text())
     other["settings"]["rounds"] = 5
     (tmp_path / "c.json").write_text(json.dumps(other))

@@ -64,8 +64,9 @@ def test_lm_run_has_a_row_per_family_against_fairseqs_transformer_lm(lm_report):
 
 def test_the_lm_baseline_is_pre_ln_with_a_final_layer_norm(tmp_path):
     """fairseq's transformer_lm_big reshaped: Pre-LN layers and a final LayerNorm (base_lm_architecture)."""
-    import bench_lm
     from fairseq.data import Dictionary
+
+    from scripts.benchmark import bench_lm
 
     opts = benchmark.build_parser().parse_args([*TINY, "--family", "dca"])
     benchmark.resolve(opts)

@@ -7,15 +7,12 @@ the line, the claim and what the records say instead. The README's findings must
 at least): prose there without a claim fails too."""
 
 import re
-import sys
 
 import pytest
 
+from scripts.study import study_claims as sc
+
 from .helpers import REPO
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study_claims as sc
 
 STUDY_ROOT = REPO / "docs" / "study"
 

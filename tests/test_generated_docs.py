@@ -1,19 +1,16 @@
-"""Every generated file is what `python scripts/regenerate.py` writes from the declarations today (docs/options.md,
+"""Every generated file is what `python -m scripts.regenerate` writes from the declarations today (docs/options.md,
 docs/grid.md, the README's axes table, docs/architectures.md's names, docs/layout.md's and docs/testing.md's file
 lists, the golden command tables); docs/options.md names every option of the plugin and docs/testing.md every test
 file; --check names a stale file and writes nothing; a write replaces the file whole."""
 
 import difflib
 import re
-import sys
 
 import pytest
 
+from scripts import regenerate
+
 from .helpers import REPO
-
-sys.path[:0] = [str(REPO / "scripts")]
-
-import regenerate
 
 FIX = f"run `{regenerate.COMMAND}` and review the diff"
 

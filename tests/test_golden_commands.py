@@ -2,24 +2,19 @@
 train_commands.txt): every (set-up, dataset, family, GPU count 0/1/8) combination, so that no number can drift
 unnoticed. After a deliberate change (or a new family in the preset table) regenerate it with
 
-    python scripts/training/train_recipe.py --write-golden tests/golden/train_commands.txt
+    python -m scripts.training.train_recipe --write-golden tests/golden/train_commands.txt
 
 and review the diff: each changed line is a changed command."""
 
 import difflib
-import sys
 
 from fairseq_plugins.models.presets import PRESETS
+from scripts.training import setups, train_recipe
 
 from .helpers import REPO
 
-sys.path[:0] = [str(REPO / "scripts" / "training")]
-
-import setups
-import train_recipe
-
 GOLDEN = REPO / "tests" / "golden" / "train_commands.txt"
-REGENERATE = "python scripts/training/train_recipe.py --write-golden tests/golden/train_commands.txt"
+REGENERATE = "python -m scripts.training.train_recipe --write-golden tests/golden/train_commands.txt"
 
 
 def checked_in() -> list[str]:
@@ -49,7 +44,7 @@ def test_the_table_covers_every_set_up_dataset_family_and_gpu_count():
 def test_a_golden_command_is_the_recipes_dry_run_command():
     lines = checked_in()
     cmd = train_recipe.golden_command(lines, "residual-paper", "iwslt14", 8, "residual")
-    assert cmd.startswith("python -m torch.distributed.run --nproc-per-node 8 --standalone scripts/training/fairseq_rank.py")
+    assert cmd.startswith("python -m torch.distributed.run --nproc-per-node 8 --standalone -m scripts.training.fairseq_rank")
     assert "--max-tokens 512 --update-freq 1" in cmd and "--distributed-world-size 8" in cmd
     args = train_recipe.parse_args(["residual_iwslt_e6d6", "iwslt14_en_de", "--gpus", "8", "--dry-run"])
     train_recipe.attach_save_dirs(args)

@@ -94,7 +94,7 @@ def test_golden_checkpoint_translates_identically(arch):
 
 def test_every_golden_family_has_a_checkpoint():
     assert TRANSLATIONS, (
-        "tests/golden/translations.json is missing: run tests/golden/make_golden.py"
+        "tests/golden/translations.json is missing: run python -m tests.golden.make_golden"
     )
     assert all(
         (CHECKPOINTS / f"{arch}.pt").exists() for arch in TRANSLATIONS["outputs"]

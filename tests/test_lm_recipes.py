@@ -4,7 +4,7 @@ preparation from a local text file and from a Multi30k copy, and a few real upda
 
 After a deliberate change (or a new family) regenerate the table with
 
-    python scripts/lm/train_lm.py --write-golden tests/golden/lm_commands.txt
+    python -m scripts.lm.train_lm --write-golden tests/golden/lm_commands.txt
 
 and review the diff: each changed line is a changed command."""
 
@@ -17,18 +17,14 @@ import sys
 import pytest
 
 from fairseq_plugins.lm import LM_FAMILIES
+from scripts.lm import lm_setups, train_lm
+from scripts.training.training_common import RecipeError
 
 from . import recipe_fixtures as fx
 from .helpers import REPO, run
 
-sys.path[:0] = [str(REPO / "scripts" / "lm")]
-
-import lm_setups
-import train_lm
-from training_common import RecipeError
-
 GOLDEN = REPO / "tests" / "golden" / "lm_commands.txt"
-REGENERATE = "python scripts/lm/train_lm.py --write-golden tests/golden/lm_commands.txt"
+REGENERATE = "python -m scripts.lm.train_lm --write-golden tests/golden/lm_commands.txt"
 
 
 def checked_in() -> list[str]:

@@ -9,16 +9,13 @@ import sys
 
 import pytest
 
+from scripts.data import prepare_opus100
+from scripts.training import evaluate_recipe, multilingual
+from scripts.training.training_common import RecipeError
+
 from . import recipe_fixtures as fx
 from .helpers import REPO, run
 from .test_recipes import TRAIN_EXTRA, assert_fails, recipe, slow
-
-sys.path[:0] = [str(REPO / "scripts" / "data"), str(REPO / "scripts" / "training")]
-
-import evaluate_recipe
-import multilingual
-import prepare_opus100
-from training_common import RecipeError
 
 
 def manifest(langs=("de", "fr")) -> dict:

@@ -8,14 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from scripts.data import data_common, prepare_multi30k
+from scripts.lm import prepare_lm
+
 from . import recipe_fixtures as fx
 from .helpers import REPO, run
-
-sys.path[:0] = [str(REPO / "scripts" / "data"), str(REPO / "scripts" / "lm")]
-
-import data_common
-import prepare_lm
-import prepare_multi30k
 
 
 def recipe(name: str, env: dict):

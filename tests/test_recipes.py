@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts.data import data_common
+from scripts.training import evaluate_recipe
+
 from . import recipe_fixtures as fx
 from .helpers import REPO, TINY, run
-
-sys.path[:0] = [str(REPO / "scripts" / "data"), str(REPO / "scripts" / "training")]
-
-import data_common
-import evaluate_recipe
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
 # the fixtures' dev/test sets are smaller than fairseq's default batch multiple (8): keep every sentence
@@ -107,8 +105,9 @@ def test_a_failed_step_leaves_nothing_that_looks_finished(tmp_path):
 
 
 def test_downloaded_wmt_test_sets_are_sacrebleus_own_files(tmp_path, monkeypatch):
-    import prepare_wmt14
     from sacrebleu.dataset import DATASETS
+
+    from scripts.data import prepare_wmt14
 
     dataset = DATASETS["wmt14/full"]
     monkeypatch.setattr(dataset, "_outdir", str(tmp_path))  # sacrebleu's cache, filled as its download leaves it
@@ -152,9 +151,8 @@ def test_stale_temporaries_of_a_killed_run_are_removed_and_live_ones_kept(tmp_pa
 def test_sigterm_stops_a_step_and_removes_its_temporary_output(tmp_path):
     script = f"""
 import sys, time
-sys.path.insert(0, {str(REPO / "scripts" / "data")!r})
 from pathlib import Path
-import data_common
+from scripts.data import data_common
 def build(tmp):
     (tmp / "half").write_text("half")
     print("building", flush=True)
@@ -162,7 +160,7 @@ def build(tmp):
 data_common.start("t", Path({str(tmp_path / "work")!r}))
 data_common.run_main("t", lambda: data_common.step("t", "slow", Path({str(tmp_path / "work" / "out")!r}), build))
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout.readline().endswith("slow ...\n") and proc.stdout.readline() == "building\n"
     assert [p.name for p in (tmp_path / "work").iterdir()] == [f"out.tmp-{proc.pid}"]
     proc.send_signal(signal.SIGTERM)
@@ -173,10 +171,9 @@ data_common.run_main("t", lambda: data_common.step("t", "slow", Path({str(tmp_pa
 
 def test_forked_workers_die_of_sigterm_while_the_parent_keeps_its_handler():
     # a worker forked with the Python-level handler could lose Pool.terminate's SIGTERM and hang the pool
-    script = f"""
+    script = """
 import multiprocessing, os, signal, sys
-sys.path.insert(0, {str(REPO / "scripts" / "data")!r})
-import data_common
+from scripts.data import data_common
 def disposition(_):
     return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 data_common.interrupt_on_sigterm()
@@ -187,14 +184,15 @@ for _ in range(20):  # terminate at once, workers possibly still starting: the r
     multiprocessing.get_context("fork").Pool(2).terminate()
 print(children, signal.getsignal(signal.SIGTERM) is handler, callable(handler))
 """
-    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["[True,", "True,", "True,", "True]", "True", "True"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_averaged_checkpoint_keeps_the_models_dtype(tmp_path, dtype):
-    import average_checkpoints
+    from scripts.training import average_checkpoints
 
     paths = []
     for k in range(3):
@@ -290,8 +288,8 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path):
 
 
 def test_train_refuses_a_language_model_and_names_the_lm_recipe():
-    import train_options
-    from training_common import RecipeError
+    from scripts.training import train_options
+    from scripts.training.training_common import RecipeError
 
     for arch in ("dca_lm_d12", "transformer_lm"):
         with pytest.raises(RecipeError, match=rf"'{arch}' \(ARCH\) is a decoder-only language model.*recipes/train_lm\.sh {arch}"):
@@ -411,7 +409,7 @@ def test_wmt14_prepare_train_average_evaluate(tmp_path):
 
 
 def test_exit_text_names_the_signal_and_the_likely_out_of_memory_kill():
-    import recipe_common
+    from scripts import recipe_common
 
     assert recipe_common.exit_text(0) == "exit 0" and recipe_common.exit_text(2) == "exit 2"
     assert recipe_common.exit_text(-signal.SIGTERM) == "killed by SIGTERM"

@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO
-
-sys.path[:0] = [str(REPO / "scripts" / "training")]
-
-import fairseq_rank
-import setups
-import train_recipe
-from training_common import RecipeError
+from scripts.training import fairseq_rank, setups, train_recipe
+from scripts.training.training_common import RecipeError
 
 
 def dry(arch: str, dataset: str, *options: str, env: dict | None = None, manifest: dict | None = None,
@@ -112,8 +106,8 @@ def test_one_process_runs_fairseq_train_itself():
 
 def test_torchrun_standalone_on_one_node_and_per_node_command_on_several(tmp_path):
     p = dry("residual_e6d6", "wmt14_de_en", "--gpus", "8")
-    assert p.command[1:7] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--standalone",
-                              str(train_recipe.RANK_SCRIPT)]  # fmt: skip
+    assert p.command[1:8] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--standalone",
+                              "-m", train_recipe.RANK_MODULE]  # fmt: skip
     p = dry("residual_e6d6", "wmt14_de_en", "--gpus", "8", "--nodes", "4")
     assert value(p.command, "--nnodes") == "4" and value(p.command, "--node-rank") == "${NODE_RANK}"
     assert value(p.command, "--master-port") == "${MASTER_PORT:-29500}" and value(p.command, "--distributed-world-size") == "32"
@@ -319,7 +313,7 @@ def test_opus100_trains_fairseqs_multilingual_task(tmp_path, monkeypatch):
         dry("residual_e18d18", "", manifest=old, tmp=tmp_path)
     fake = types.ModuleType("multilingual")
     fake.train_args = lambda manifest: ["--task", manifest["task"], "--lang-pairs", "de-en,en-de"]
-    monkeypatch.setitem(sys.modules, "multilingual", fake)
+    monkeypatch.setitem(sys.modules, "scripts.training.multilingual", fake)
     new = {**old, "task": "translation_multi_simple_epoch", "joined_dictionary": True}
     p = dry("residual_e18d18", "", manifest=new, tmp=tmp_path)
     assert value(p.command, "--lang-pairs") == "de-en,en-de" and value(p.command, "--task") == "translation_multi_simple_epoch"

@@ -11,21 +11,20 @@ checks are in test_study_checks.py, language-model studies in test_study_lm.py.
 
 import json
 import shutil
-import sys
 
 import pytest
+
+from scripts.study import (
+    study,
+    study_common,
+    study_report,
+    study_report_common,
+    study_stats,
+)
 
 from . import recipe_fixtures as fx
 from .helpers import REPO
 from .study_fixtures import MODEL_ARGS, recipe, slow
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study
-import study_common
-import study_report
-import study_report_common
-import study_stats
 
 # ------------------------------------------------------------------------------------------- in-process
 
@@ -445,7 +444,7 @@ class _Finished:
 
 
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys):
-    import study_run
+    from scripts.study import study_run
 
     monkeypatch.setattr(study_run.time, "sleep", lambda seconds: None)
     args = study.parse_args(["--archs", "transformer_preln_e6d6 residual_e6d6", "--seeds", "1 2", "--max-update", "4",

@@ -2,20 +2,18 @@
 before anything is prepared, naming the variable(s) and what would work; ARCH_LRS's forms; a variable that nearly
 spells one of the tool's is named."""
 
-import sys
 
 import pytest
 
+from scripts.study import (
+    study,
+    study_checks,
+    study_common,
+    study_report_common,
+    study_stats,
+)
+
 from . import recipe_fixtures as fx
-from .helpers import REPO
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study
-import study_checks
-import study_common
-import study_report_common
-import study_stats
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -4,20 +4,13 @@ resume, and the vocabulary conflict named."""
 
 import json
 import logging
-import sys
 
 import pytest
 
+from scripts.study import study, study_common, study_lm, study_stats
+
 from . import recipe_fixtures as fx
-from .helpers import REPO
 from .study_fixtures import recipe, slow
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study
-import study_common
-import study_lm
-import study_stats
 
 LM_MODEL_ARGS = ("--decoder-embed-dim 16 --decoder-ffn-embed-dim 32 --decoder-attention-heads 2 --decoder-layers 3 "
                  "--tokens-per-sample 64 --max-tokens 256 --required-batch-size-multiple 1")  # fmt: skip
@@ -59,8 +52,7 @@ def test_an_lm_data_bin_makes_an_lm_study_and_contradicting_it_is_refused(tmp_pa
 
 
 def test_translation_recipe_refuses_a_language_model():
-    sys.path.insert(0, str(REPO / "scripts" / "training"))
-    import train_options
+    from scripts.training import train_options
 
     with pytest.raises(study_common.RecipeError) as err:
         train_options.check_architecture("dca_lm_d6")

@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.study import study, study_common
+
 from .helpers import REPO, run
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study
-import study_common
 
 A, B, C = "transformer_preln_e6d6", "residual_e6d6", "dca_e6d6"
 REFS = [f"a small dog number {i} runs fast on the green grass" for i in range(30)]

@@ -1,17 +1,12 @@
 """The two-level bootstrap over seeds and sentences (scripts/study/study_seeds.py, issue 55): its statistics are
 sacrebleu's corpus BLEU, its per-seed differences the per-seed comparisons', its decisions follow their rules."""
 
-import sys
 
 import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
-from .helpers import REPO
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study_seeds as ss
+from scripts.study import study_seeds as ss
 
 REFS = ["a man rides a red bike down the street", "two dogs play in the snow", "a child is eating an apple",
         "people walk along the beach at sunset", "a woman sings on a stage"] * 4  # fmt: skip

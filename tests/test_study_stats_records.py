@@ -14,12 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scripts.study import study_stats
+
 from .helpers import REPO
 from .study_fixtures import slow
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study_stats
 
 
 def test_bleu_resamples_use_public_api_and_equal_sacrebleus_own(monkeypatch):

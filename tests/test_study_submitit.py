@@ -16,18 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from submitit.core.utils import UncompletedJobError
+
+from scripts.study import study, study_common, study_run, study_submitit
 
 from . import recipe_fixtures as fx
 from .helpers import REPO
 from .study_fixtures import MODEL_ARGS, recipe, slow
-
-sys.path[:0] = [str(REPO / "scripts" / "study")]
-
-import study
-import study_common
-import study_run
-import study_submitit
-from submitit.core.utils import UncompletedJobError
 
 PRELN, RESIDUAL = "transformer_preln_e6d6", "residual_e6d6"
 # what differs between two studies of the same runs: when they ran (results.json; curves' points lose their seconds)
@@ -39,7 +34,7 @@ def data_bin(tmp_path_factory):
     """Multi30k fixtures prepared once (the studies below get it as DATA_BIN)."""
     root = tmp_path_factory.mktemp("submitit_data")
     fx.make_multi30k(root / "raw")
-    cmd = [sys.executable, REPO / "scripts" / "data" / "prepare_multi30k.py", "--src", "de", "--tgt", "en", "--work-dir",
+    cmd = [sys.executable, "-m", "scripts.data.prepare_multi30k", "--src", "de", "--tgt", "en", "--work-dir",
            root / "work", "--dest-dir", root / "data-bin", "--train-lines", "0", "--vocab-size", "100", "--raw-dir",
            root / "raw", "--no-verify-counts"]  # fmt: skip
     subprocess.run([str(c) for c in cmd], cwd=REPO, check=True, capture_output=True)

@@ -3,22 +3,15 @@ compare, mhc_coefficients, attnres_weights): building a registered architecture 
 NAME`` does, reading a trained checkpoint with sentences of its data, option checks for argparse, and writing
 CSV / JSON / PNG outputs.
 
-The tools are run as ``python scripts/analysis/TOOL.py``, so this directory is on ``sys.path`` and they import this
-module by its plain name; it puts the repository root on ``sys.path`` so ``fairseq_plugins`` imports too.
+The tools run as modules from the repository root (``python -m scripts.analysis.TOOL``).
 """
 
 import csv
 import json
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO, REPO / "scripts"):  # the plugin, and recipe_common's atomic writes
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from recipe_common import atomic_path, write_text
 
 from fairseq_plugins.validation import (
     argparse_type,
@@ -26,6 +19,7 @@ from fairseq_plugins.validation import (
     check_float,
     check_int,
 )
+from scripts.recipe_common import atomic_path, write_text
 
 __all__ = ["REPO", "argparse_type", "check_choice", "check_float", "check_int"]
 
@@ -115,7 +109,7 @@ def check_arch(parser, names: Iterable[str], option: str = "--arch") -> None:
     if unknown:
         parser.error(
             f"{option} {', '.join(unknown)} is not a registered architecture; "
-            "see `python scripts/analysis/param_table.py` for the plugin's names"
+            "see `python -m scripts.analysis.param_table` for the plugin's names"
         )
 
 

@@ -20,7 +20,7 @@ source's norm over their sum.
 Every sentence is its own batch (no padding positions enter the statistics). The model is the checkpoint's, in
 evaluation mode (no dropout), teacher-forced on the reference (translation) or the text (language models).
 
-    python scripts/analysis/attnres_weights.py CKPT --data data-bin/multi30k_de_en --out docs/attnres_weights
+    python -m scripts.analysis.attnres_weights CKPT --data data-bin/multi30k_de_en --out docs/attnres_weights
 """
 
 import argparse
@@ -28,7 +28,8 @@ import math
 from pathlib import Path
 
 import torch
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     add_checkpoint_options,
     measure_checkpoint,
     observe,

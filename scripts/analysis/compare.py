@@ -25,7 +25,7 @@ Inputs:
   Records are matched to logs by run name; the last record of a run wins; a log's measurements win over a
   record's. "best valid loss" is the best of the log's validation losses, or the recipes' last one.
 
-    python scripts/analysis/compare.py --log checkpoints/residual_iwslt_e6d6/train.log --eval results.json --out cmp
+    python -m scripts.analysis.compare --log checkpoints/residual_iwslt_e6d6/train.log --eval results.json --out cmp
 """
 
 import argparse
@@ -34,7 +34,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from analysis_common import (
+from scripts.analysis.analysis_common import (
     pyplot,
     save_figure,
     with_suffix,

@@ -27,10 +27,10 @@ Its depth L is encoder + decoder layers (the longest chain of attention layers f
 was fitted on single self-attention stacks, so this is an interpretation) and its width the model dimension.
 "Near optimal" means within --tolerance of the optimal depth (a convention of this tool, not the paper's).
 
-    python scripts/analysis/depth_width.py --out docs/depth_width              # fit, table-1 check, plot
-    python scripts/analysis/depth_width.py --budget 85M --budget 1.3B          # suggested depth and width
-    python scripts/analysis/depth_width.py --arch residual_iwslt_e6d6 --arch transformer_preln_e18d18
-    python scripts/analysis/depth_width.py --family transformer_preln --out docs/depth_width
+    python -m scripts.analysis.depth_width --out docs/depth_width              # fit, table-1 check, plot
+    python -m scripts.analysis.depth_width --budget 85M --budget 1.3B          # suggested depth and width
+    python -m scripts.analysis.depth_width --arch residual_iwslt_e6d6 --arch transformer_preln_e18d18
+    python -m scripts.analysis.depth_width --family transformer_preln --out docs/depth_width
 """
 
 import argparse
@@ -39,7 +39,8 @@ import re
 from pathlib import Path
 
 import numpy as np
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     build_arch,
     check_arch,
     float_option,

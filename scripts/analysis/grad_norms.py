@@ -39,8 +39,8 @@ Interpretations (the paper leaves them open):
 
 Everything is measured with forward pre-hooks on the layers' sub-modules: no model code changes.
 
-    python scripts/analysis/grad_norms.py --out docs/grad_norms
-    python scripts/analysis/grad_norms.py --arch transformer_postln_iwslt_e36d6 --arch residual_iwslt_e36d6 \
+    python -m scripts.analysis.grad_norms --out docs/grad_norms
+    python -m scripts.analysis.grad_norms --arch transformer_postln_iwslt_e36d6 --arch residual_iwslt_e36d6 \
         --encoder-layers 0 --decoder-layers 0 --out /tmp/e36d6
 """
 
@@ -50,7 +50,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     build_arch,
     check_arch,
     float_option,

@@ -20,7 +20,7 @@ the weights-only allow-list; weights-only loading stays on). It may be a fairseq
 embedding or of the newest output above the mean median of the intermediate positions, and how many
 intermediate medians are negative.
 
-    python scripts/analysis/grn_weights.py checkpoints/dca_iwslt_e6d6/checkpoint_best.pt --out docs/grn_weights
+    python -m scripts.analysis.grn_weights checkpoints/dca_iwslt_e6d6/checkpoint_best.pt --out docs/grn_weights
 """
 
 import argparse
@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 
 import torch
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     float_option,
     pyplot,
     save_figure,

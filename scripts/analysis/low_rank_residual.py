@@ -25,8 +25,8 @@ Choices the paper leaves open:
   non-finite or grows 1e6-fold counts as diverged. The same seed gives every model the same layer weights
   and the same batches.
 
-    python scripts/analysis/low_rank_residual.py --out docs/low_rank_residual
-    python scripts/analysis/low_rank_residual.py --dim 20 --layers 4 --rank 1 --steps 200 --lr 0.03 --out /tmp/small
+    python -m scripts.analysis.low_rank_residual --out docs/low_rank_residual
+    python -m scripts.analysis.low_rank_residual --dim 20 --layers 4 --rank 1 --steps 200 --lr 0.03 --out /tmp/small
 """
 
 import argparse
@@ -34,7 +34,10 @@ import math
 from pathlib import Path
 
 import torch
-from analysis_common import (
+from torch import Tensor, nn
+
+from fairseq_plugins.modules.grn import GRN_CLASSES
+from scripts.analysis.analysis_common import (
     float_option,
     int_option,
     pyplot,
@@ -43,9 +46,6 @@ from analysis_common import (
     write_csv,
     write_json,
 )
-from torch import Tensor, nn
-
-from fairseq_plugins.modules.grn import GRN_CLASSES
 
 MODELS = ["resnet", "grn-v1", "grn-v2", "grn-v3"]
 TASKS = {"identity": "(a) learning the identity", "affine": "(b) learning y = Ax + b"}

@@ -6,8 +6,8 @@ of H_pre and H_post.
 
 H_res is doubly stochastic; the off-diagonal mass of a row i, sum_{j != i} H_res[i, j], is the share of stream
 i's next state that comes from the other streams (0 for H_res = I, 1 - 1/n for the uniform matrix). The
-plugin's default initialisation (fairseq_plugins/modules/mhc.py, ``--mhc-bias-init preln``: b_res = 0 on the
-diagonal and -8 off it, the mhc-lite code's values; ``mixed`` starts at 3 / (e + 3) = 0.525) starts every row at 3 e^-8 / (1 + 3 e^-8) = 1.0e-3 for mHC (n = 4) and 18 e^-8 / (1 + 23 e^-8)
+plugin's initialisations (fairseq_plugins/modules/mhc.py, ``--mhc-bias-init mhc_lite``, the default since issue 55,
+and ``preln``: b_res = 0 on the diagonal and -8 off it, the mhc-lite code's values; ``mixed`` starts at 3 / (e + 3) = 0.525) starts every row at 3 e^-8 / (1 + 3 e^-8) = 1.0e-3 for mHC (n = 4) and 18 e^-8 / (1 + 23 e^-8)
 = 6.0e-3 for mHC-lite (the 18 of the 23 other permutations that move a given stream), so a trained model
 whose mass stays near these values has left the residual mixing unused and differs from hyper-connections
 with H_res = I only in H_pre and H_post.
@@ -15,14 +15,15 @@ with H_res = I only in H_pre and H_post.
 Every sentence is its own batch (no padding positions enter the statistics). The model is the checkpoint's,
 in evaluation mode (no dropout), teacher-forced on the reference (translation) or the text (language models).
 
-    python scripts/analysis/mhc_coefficients.py CKPT --data data-bin/multi30k_de_en --out docs/mhc_coefficients
+    python -m scripts.analysis.mhc_coefficients CKPT --data data-bin/multi30k_de_en --out docs/mhc_coefficients
 """
 
 import argparse
 from pathlib import Path
 
 import torch
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     add_checkpoint_options,
     measure_checkpoint,
     observe,

@@ -16,14 +16,15 @@ The weights are unnormalised and may be negative, so beside the mean weight the 
 Every sentence is its own batch (no padding positions enter the statistics). The model is the checkpoint's, in
 evaluation mode (no dropout), teacher-forced on the reference.
 
-    python scripts/analysis/mudd_weights.py CKPT --data data-bin/multi30k_de_en --out docs/mudd_weights
+    python -m scripts.analysis.mudd_weights CKPT --data data-bin/multi30k_de_en --out docs/mudd_weights
 """
 
 import argparse
 from pathlib import Path
 
 import torch
-from analysis_common import (
+
+from scripts.analysis.analysis_common import (
     add_checkpoint_options,
     measure_checkpoint,
     observe,

@@ -1,12 +1,9 @@
 """How scripts/analysis/param_table.py counts a model's parameters: built as ``fairseq-train --arch NAME``
 builds it, on the meta device (shapes only), shared tensors counted once."""
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # analysis_common, also when loaded by path
 
-from analysis_common import build_arch
+from scripts.analysis.analysis_common import build_arch
 
 SHARING = {
     "all": ["--share-all-embeddings"],

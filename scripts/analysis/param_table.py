@@ -3,9 +3,9 @@
 count of the built model for a given vocabulary, next to its matched Pre-LN baseline; or, with --paper,
 every #Params row of a paper's tables beside this project's count of the same model.
 
-    python scripts/analysis/param_table.py --vocab-size 32000 > table.md
-    python scripts/analysis/param_table.py --family residual --family transformer_preln --width iwslt
-    python scripts/analysis/param_table.py --paper crossformer [--format json] [--wmt14-en-fr-vocab 44512 ...]
+    python -m scripts.analysis.param_table --vocab-size 32000 > table.md
+    python -m scripts.analysis.param_table --family residual --family transformer_preln --width iwslt
+    python -m scripts.analysis.param_table --paper crossformer [--format json] [--wmt14-en-fr-vocab 44512 ...]
 
 Models are built on PyTorch's meta device (shapes only, no memory, no initialisation cost), through
 fairseq's own argument parser, exactly as ``fairseq-train --arch NAME`` would build them, on dictionaries of
@@ -21,14 +21,12 @@ different columns need different numbers of ties, so no tying reaches them all.
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # analysis_common, also when loaded by path
-
-from analysis_common import write_json
-from param_count import SHARING, count_parameters
-from param_table_crossformer import (  # noqa: F401  (_tie_sizes: tests/test_paper_params.py reads it from here)
+from fairseq_plugins.models.presets import PRESETS, WIDTHS
+from scripts.analysis.analysis_common import write_json
+from scripts.analysis.param_count import SHARING, count_parameters
+from scripts.analysis.param_table_crossformer import (  # noqa: F401  (_tie_sizes: tests/test_paper_params.py reads it from here)
     CROSSFORMER_VOCABULARIES,
     Vocabulary,
     _sizes_option,
@@ -36,8 +34,6 @@ from param_table_crossformer import (  # noqa: F401  (_tie_sizes: tests/test_pap
     crossformer_param_rows,
     paper_table,
 )
-
-from fairseq_plugins.models.presets import PRESETS, WIDTHS
 
 
 def matched_baseline(arch: str) -> str | None:

@@ -3,17 +3,12 @@ of the same model for the same dictionaries (see param_table.py's docstring for 
 not)."""
 
 import argparse
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # analysis_common, also when loaded by path
-
-from analysis_common import check_int
-from param_count import SHARING, count_parameters
 
 from fairseq_plugins.models.presets import PRESETS
 from fairseq_plugins.validation import PluginOptionError
+from scripts.analysis.analysis_common import check_int
+from scripts.analysis.param_count import SHARING, count_parameters
 
 MILLION = 1_000_000
 ROUNDING = MILLION // 2  # the papers print whole millions: a count within 0.5M rounds to the printed number

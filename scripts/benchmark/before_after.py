@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Does a change cost speed? The benchmark run on two versions of the code, interleaved, in one command.
 
-    python scripts/benchmark/before_after.py --before 8302f79 --rounds 3 --depth e12d12
-    python scripts/benchmark/before_after.py --before main --family dca --family residual -- --max-tokens 2048
+    python -m scripts.benchmark.before_after --before 8302f79 --rounds 3 --depth e12d12
+    python -m scripts.benchmark.before_after --before main --family dca --family residual -- --max-tokens 2048
 
 ``--before`` is a git revision, checked out into a temporary worktree (removed at the end); "after" is this
-checkout's working tree. Each round runs each version's own ``scripts/benchmark/benchmark.py --rounds 1``
+checkout's working tree. Each round runs each version's own ``python -m scripts.benchmark.benchmark --rounds 1``
 (so each version is measured by its own code, with its own fairseq_plugins first on PYTHONPATH), the two in
 alternating order (before/after, then after/before, ...) so that a slow drift of the machine hits both alike.
 A family's speed is its ratio to the Pre-LN baseline measured in the same process (fairseq's transformer,
@@ -150,7 +150,7 @@ def benchmark_options(opts, families: list[str], out: Path) -> list[str]:
 
 
 def run_benchmark(tree: Path, opts, families: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "scripts/benchmark/benchmark.py", *benchmark_options(opts, families, out)]
+    cmd = [sys.executable, "-m", "scripts.benchmark.benchmark", *benchmark_options(opts, families, out)]
     subprocess.run(cmd, cwd=tree, env=python_env(tree, opts.threads), check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                     rounds[name].append(ratios)
         finally:
             git("worktree", "remove", "--force", str(before_tree))
-    command = "python scripts/benchmark/before_after.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m scripts.benchmark.before_after " + shlex.join(argv if argv is not None else sys.argv[1:])
     header = (
         f"Speed before ({opts.before}, {commit[:7]}) and after ({git('rev-parse', '--short', 'HEAD')} and the working "
         f"tree) the change: throughput ratio to Pre-LN (fairseq's transformer) in the same process, process CPU "

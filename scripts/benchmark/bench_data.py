@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_families import REPO, SRC, TGT, BenchmarkError
 from fairseq.data import LanguagePairDataset, data_utils
 from fairseq.data.dictionary import Dictionary
+
+from scripts.benchmark.bench_families import REPO, SRC, TGT, BenchmarkError
 
 # how a report names the corpus: never the directory it was read from (reports are committed, paths are not)
 MULTI30K_SOURCE = f"Multi30k {SRC}-{TGT} (train, test_2016_flickr)"

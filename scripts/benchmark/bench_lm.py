@@ -24,9 +24,6 @@ import random
 from pathlib import Path
 
 import torch
-from bench_data import Batches, Corpus, encode
-from bench_families import AUTOCAST, BenchmarkError, Contender, precision_args
-from bench_run import measure, result_row
 from fairseq import options, tasks
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import MonolingualDataset, TokenBlockDataset
@@ -36,6 +33,14 @@ from fairseq.trainer import Trainer
 from fairseq_plugins.lm import LM_FAMILIES, LM_PRESETS
 from fairseq_plugins.lm.presets import LM_DEPTHS, LM_WIDTHS
 from fairseq_plugins.precision import enable_autocast
+from scripts.benchmark.bench_data import Batches, Corpus, encode
+from scripts.benchmark.bench_families import (
+    AUTOCAST,
+    BenchmarkError,
+    Contender,
+    precision_args,
+)
+from scripts.benchmark.bench_run import measure, result_row
 
 LM_BASELINE_ARCH = "transformer_lm_big"  # fairseq's; reshaped by the --decoder-* options below
 LM_BASELINE = "fairseq transformer_lm"  # how the report names it

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One report from several benchmark runs (JSON of ``benchmark.py --json``), as if they were the groups of one run.
 
-    python scripts/benchmark/bench_merge.py a.json b.json ... --json docs/x.json --markdown docs/x.md
+    python -m scripts.benchmark.bench_merge a.json b.json ... --json docs/x.json --markdown docs/x.md
 
 Runs made side by side (one per core) or one after another each measure their own baseline, as the groups of one
 run do (``--group-size``); merged, every family keeps the ratio to the baseline of its own run, the targets are
@@ -15,9 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules, also when loaded by path
-
-from bench_report import publish, target_records
+from scripts.benchmark.bench_report import publish, target_records
 
 # settings that may differ between merged runs: the ones that only say how a run was split or reported
 FREE_SETTINGS = {"group_size", "profile", "profile_repeats", "memory"}

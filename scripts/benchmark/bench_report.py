@@ -2,14 +2,12 @@
 MFU; per precision when several were measured; the profiles of the families that miss a target)."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipe_common's atomic writes
-from bench_families import BASELINE, TARGETS
+from scripts.benchmark.bench_families import BASELINE, TARGETS
 
 # reports move into place whole: an interrupted run leaves the old one
-from recipe_common import write_text as write_report
+from scripts.recipe_common import write_text as write_report
 
 # the metrics whose rows hold per-round ratios (a dict with a median) and that a profile can explain; memory
 # is one deterministic ratio, and its breakdown is in the memory measurement itself

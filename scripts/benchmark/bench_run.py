@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_data import Batches, Corpus, build_dictionary, make_batches
-from bench_families import (
+
+from scripts.benchmark.bench_data import Batches, Corpus, build_dictionary, make_batches
+from scripts.benchmark.bench_families import (
     BASELINE,
     DEPTHS,
     PRESETS,
@@ -21,8 +22,8 @@ from bench_families import (
     Contender,
     build_contender,
 )
-from bench_report import missed_metrics, target_records
-from bench_timing import (
+from scripts.benchmark.bench_report import missed_metrics, target_records
+from scripts.benchmark.bench_timing import (
     best_op_times,
     counted_train_flops,
     decode_once,
@@ -191,7 +192,7 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
     set_threads(opts.threads)
     lm = getattr(opts, "task", "translation") == "lm"
     if lm:
-        from bench_lm import (  # bench_lm imports this module
+        from scripts.benchmark.bench_lm import (  # bench_lm imports this module
             lm_shape,
             make_lm_batches,
             run_lm_depth,

@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from bench_data import Batches
-from bench_families import Contender
 from fairseq import utils
 from fairseq.logging import metrics
 from torch.utils.flop_counter import FlopCounterMode
+
+from scripts.benchmark.bench_data import Batches
+from scripts.benchmark.bench_families import Contender
 
 
 def synchronize(device: str) -> None:

@@ -2,11 +2,11 @@
 """Hold every plugin family against fairseq's own transformer: training and decoding speed, peak memory,
 parameters and model FLOPs utilisation, at matched depth and width, measured in one process.
 
-    python scripts/benchmark/benchmark.py                                  # every family, E6D6 E12D12 E18D18 E36D6
-    python scripts/benchmark/benchmark.py --family residual --depth e18d18 --rounds 3 --threads 1
-    python scripts/benchmark/benchmark.py --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
-    python scripts/benchmark/benchmark.py --device cuda --threads 1       # on a GPU: fp32, fp16 and bf16 columns
-    python scripts/benchmark/benchmark.py --task lm --depth d6 --family dca  # language models, see bench_lm.py
+    python -m scripts.benchmark.benchmark                                  # every family, E6D6 E12D12 E18D18 E36D6
+    python -m scripts.benchmark.benchmark --family residual --depth e18d18 --rounds 3 --threads 1
+    python -m scripts.benchmark.benchmark --width base --embed-dim 384 --ffn-dim 1536 --heads 6   # any size
+    python -m scripts.benchmark.benchmark --device cuda --threads 1       # on a GPU: fp32, fp16 and bf16 columns
+    python -m scripts.benchmark.benchmark --task lm --depth d6 --family dca  # language models, see bench_lm.py
 
 For every depth, the matched baseline ``transformer_preln_{width}{depth}`` (fairseq's ``transformer`` with
 Pre-LN, no plugin code) and every family at the same depth and width are built side by side, warmed up,
@@ -100,21 +100,20 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules, also when loaded by path
 # before torch is first imported: the profiled step frees blocks allocated before profiling began, which torch
 # reports once per model
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import logging
 
-from bench_data import (  # noqa: F401
+from scripts.benchmark.bench_data import (  # noqa: F401
     MULTI30K_SOURCE,
     Corpus,
     default_data_dir,
     load_multi30k,
     synthetic_corpus,
 )
-from bench_families import (  # noqa: F401
+from scripts.benchmark.bench_families import (  # noqa: F401
     BASELINE,
     DEFAULT_DEPTHS,
     DEFAULT_PRECISIONS,
@@ -131,9 +130,20 @@ from bench_families import (  # noqa: F401
     check_device,
     registered_families,
 )
-from bench_lm import LM_DEPTH_NAMES, LM_WIDTH_NAMES, lm_families, lm_shape
-from bench_report import check_targets, markdown, missed_metrics, publish, write_report  # noqa: F401
-from bench_run import grn_kernels_status, run_benchmark  # noqa: F401
+from scripts.benchmark.bench_lm import (
+    LM_DEPTH_NAMES,
+    LM_WIDTH_NAMES,
+    lm_families,
+    lm_shape,
+)
+from scripts.benchmark.bench_report import (  # noqa: F401
+    check_targets,
+    markdown,
+    missed_metrics,
+    publish,
+    write_report,
+)
+from scripts.benchmark.bench_run import grn_kernels_status, run_benchmark  # noqa: F401
 
 LM_DEFAULT_DEPTH = "d6"
 
@@ -356,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as err:
         parser.error(str(err))
     report["machine"]["cpu"] = _cpu_name()
-    report["command"] = "python scripts/benchmark/benchmark.py " + portable_command(sys.argv[1:] if argv is None else argv)
+    report["command"] = "python -m scripts.benchmark.benchmark " + portable_command(sys.argv[1:] if argv is None else argv)
     report["seconds"] = time.time() - start
     publish(report, opts.markdown, opts.json)
     log(f"done in {report['seconds']:.0f} s")

@@ -29,11 +29,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules, also when loaded by path
-
 import torch
-from bench_data import build_dictionary, make_batches, synthetic_corpus
-from bench_families import (
+from fairseq.logging import metrics
+
+from scripts.benchmark.bench_data import (
+    build_dictionary,
+    make_batches,
+    synthetic_corpus,
+)
+from scripts.benchmark.bench_families import (
     BASELINE,
     PRESETS,
     SRC,
@@ -41,9 +45,8 @@ from bench_families import (
     build_contender,
     registered_families,
 )
-from bench_report import write_report as write_text_atomic
-from bench_timing import on_device, synchronize
-from fairseq.logging import metrics
+from scripts.benchmark.bench_report import write_report as write_text_atomic
+from scripts.benchmark.bench_timing import on_device, synchronize
 
 # Sampled combinations of the axes (wiring x depth reading x tying ...), checked like the families: (name, arch,
 # extra fairseq-train options). Empty until the composed model (issue 26) has axis options; then add e.g.

@@ -21,22 +21,18 @@ folder's other helpers, so a script imports everything from here:
     data_interrupt.py  SIGTERM and the temporaries of killed runs (start, remove_stale_temporaries, ...)
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for recipe_common
-
 import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from data_download import download, extract, file_digest  # noqa: F401  (re-exported)
-from data_interrupt import (  # noqa: F401  (re-exported)
+from scripts.data.data_download import download, extract, file_digest  # noqa: F401  (re-exported)
+from scripts.data.data_interrupt import (  # noqa: F401  (re-exported)
     interrupt_on_sigterm,
     remove_stale_temporaries,
     start,
 )
-from data_subword import (  # noqa: F401  (re-exported)
+from scripts.data.data_subword import (  # noqa: F401  (re-exported)
     ApplyBPE,
     SentencePieceEncode,
     binarize,
@@ -45,7 +41,7 @@ from data_subword import (  # noqa: F401  (re-exported)
     preprocess,
     train_sentencepiece,
 )
-from data_text import (  # noqa: F401  (re-exported)
+from scripts.data.data_text import (  # noqa: F401  (re-exported)
     MosesTokenize,
     NormalizeForTraining,
     Pipeline,
@@ -59,7 +55,7 @@ from data_text import (  # noqa: F401  (re-exported)
     remove_non_printing,
     replace_curly_apostrophe,
 )
-from recipe_common import (  # noqa: F401  (re-exported: the data scripts import everything from here)
+from scripts.recipe_common import (  # noqa: F401  (re-exported: the data scripts import everything from here)
     MANIFEST,
     REPO,
     RecipeError,

@@ -2,21 +2,15 @@
 check its size and published md5, unpack tar archives. Every name here is also importable from data_common.
 """
 
-import sys
-from pathlib import Path
-
-_SCRIPTS = str(Path(__file__).resolve().parents[1])  # scripts/, for recipe_common
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
-
 import hashlib
 import tarfile
 import time
 import urllib.error
 import urllib.request
 import zlib
+from pathlib import Path
 
-from recipe_common import RecipeError, atomic_path, log
+from scripts.recipe_common import RecipeError, atomic_path, log
 
 
 def file_digest(path: Path, algorithm: str) -> str:

@@ -3,20 +3,14 @@ Ctrl-C does, and the temporaries a killed run left behind are removed when the n
 here is also importable from data_common.
 """
 
-import sys
-from pathlib import Path
-
-_SCRIPTS = str(Path(__file__).resolve().parents[1])  # scripts/, for recipe_common
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
-
 import os
 import re
 import shutil
 import signal
 import threading
+from pathlib import Path
 
-from recipe_common import log
+from scripts.recipe_common import log
 
 _TMP_NAME = re.compile(r"\.tmp-(\d+)$")  # recipe_common.atomic_path names NAME.tmp-PID
 

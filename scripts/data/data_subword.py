@@ -3,18 +3,12 @@
 is also importable from data_common.
 """
 
-import sys
-from pathlib import Path
-
-_SCRIPTS = str(Path(__file__).resolve().parents[1])  # scripts/, for recipe_common
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
-
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
-from data_text import WORKERS, concatenate
-from recipe_common import RecipeError, atomic_path, log
+from scripts.data.data_text import WORKERS, concatenate
+from scripts.recipe_common import RecipeError, atomic_path, log
 
 
 def learn_bpe(tag: str, inputs: Sequence[Path], num_symbols: int, codes: Path, workers: int = 1) -> None:

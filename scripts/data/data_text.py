@@ -3,20 +3,14 @@ over a corpus, Moses tokenisation and punctuation normalisation (sacremoses), cl
 <seg> reader of XML/SGM test sets. Every name here is also importable from data_common.
 """
 
-import sys
-from pathlib import Path
-
-_SCRIPTS = str(Path(__file__).resolve().parents[1])  # scripts/, for recipe_common
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
-
 import multiprocessing
 import os
 import shutil
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
-from recipe_common import RecipeError, atomic_path, open_text, read_lines
+from scripts.recipe_common import RecipeError, atomic_path, open_text, read_lines
 
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 

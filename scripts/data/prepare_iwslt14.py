@@ -13,15 +13,15 @@ The ResiDual paper trains EN->DE on it (appendix H.1), Crossformer DE->EN (secti
 Both directions share every step but the last: ``--src``/``--tgt`` choose the binarized direction, written to
 ``data-bin/iwslt14_SRC_TGT`` with the raw references (lowercased, untokenised) for sacrebleu.
 
-    python scripts/data/prepare_iwslt14.py --src en --tgt de                 # downloads de-en.tgz
-    python scripts/data/prepare_iwslt14.py --src de --tgt en --raw-dir DIR   # DIR holds de-en/ (or its files)
+    python -m scripts.data.prepare_iwslt14 --src en --tgt de                 # downloads de-en.tgz
+    python -m scripts.data.prepare_iwslt14 --src de --tgt en --raw-dir DIR   # DIR holds de-en/ (or its files)
 """
 
 import argparse
 import re
 from pathlib import Path
 
-from data_common import (
+from scripts.data.data_common import (
     REPO,
     ApplyBPE,
     MosesTokenize,

@@ -6,8 +6,8 @@ in German, English and French. A joint SentencePiece unigram model (8k pieces by
 measured on this project's 2-core machine) segments raw text, with no other tokenisation, so that
 ``fairseq-generate --remove-bpe sentencepiece`` gives detokenised text for sacrebleu.
 
-    python scripts/data/prepare_multi30k.py --src de --tgt en                       # downloads the corpus
-    python scripts/data/prepare_multi30k.py --src de --tgt en --raw-dir DIR         # DIR/train.de.gz ...
+    python -m scripts.data.prepare_multi30k --src de --tgt en                       # downloads the corpus
+    python -m scripts.data.prepare_multi30k --src de --tgt en --raw-dir DIR         # DIR/train.de.gz ...
 
 Output: ``--dest-dir`` (default ``data-bin/multi30k_SRC_TGT``) with fairseq's binarized train/valid/test, the
 SentencePiece model, the raw test references (``refs/``) and ``recipe.json`` for the evaluation recipe.
@@ -17,7 +17,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from data_common import (
+from scripts.data.data_common import (
     REPO,
     RecipeError,
     SentencePieceEncode,

@@ -19,15 +19,15 @@ fairseq's own multilingual task ``translation_multi_simple_epoch`` (scripts/trai
   temperature sampling), one test entry per direction and the EX (en->xx), XE (xx->en) and ALL averages
   of ResiDual table 4 (the mean BLEU over the 94 from-English, the 94 to-English and all 188 directions).
 
-    python scripts/data/prepare_opus100.py                                  # downloads the corpus (about 2.5 GB)
-    python scripts/data/prepare_opus100.py --raw-dir DIR --langs de,fr,zh   # DIR holds opus-100-corpus/
+    python -m scripts.data.prepare_opus100                                  # downloads the corpus (about 2.5 GB)
+    python -m scripts.data.prepare_opus100 --raw-dir DIR --langs de,fr,zh   # DIR holds opus-100-corpus/
 """
 
 import argparse
 import shutil
 from pathlib import Path
 
-from data_common import (
+from scripts.data.data_common import (
     REPO,
     RecipeError,
     SentencePieceEncode,

@@ -15,8 +15,8 @@ examples/translation/prepare-wmt14en2de.sh (--icml17) and prepare-wmt14en2fr.sh 
   ``get_reference_files``, cached in ~/.sacrebleu or $SACREBLEU); from ``--raw-dir``, the SGM files sacrebleu
   names are found there and read with sacrebleu's SGM reader (data_common.read_segments).
 
-    python scripts/data/prepare_wmt14.py --src en --tgt de                      # downloads (about 1.5 GB)
-    python scripts/data/prepare_wmt14.py --src en --tgt fr --raw-dir DIR        # DIR holds the unpacked archives
+    python -m scripts.data.prepare_wmt14 --src en --tgt de                      # downloads (about 1.5 GB)
+    python -m scripts.data.prepare_wmt14 --src en --tgt fr --raw-dir DIR        # DIR holds the unpacked archives
 
 Intermediate files are shared by both directions of a pair (``work_dirs/data/wmt14_en_de``); the binarized
 direction goes to ``data-bin/wmt14_SRC_TGT`` with the raw references for sacrebleu and ``recipe.json``.
@@ -28,7 +28,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_common import (
+from scripts.data.data_common import (
     REPO,
     ApplyBPE,
     MosesTokenize,

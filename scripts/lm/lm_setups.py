@@ -14,13 +14,10 @@ from ``warmup_init_lr`` to the peak over the warm-up and then decays as lr * sqr
 peak-and-decay the paper describes. fairseq's ``adam`` decouples weight decay as AdamW does.
 """
 
-import sys
-from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "training")]  # setups (and training_common)
 
-from setups import FIELDS as TRANSLATION_FIELDS
-from setups import Sourced, _rows
+from scripts.training.setups import FIELDS as TRANSLATION_FIELDS
+from scripts.training.setups import Sourced, _rows
 
 # the settings that mean the same for language models as for translation (described once, in setups.FIELDS)
 _OPTIMIZER = ("optimizer", "adam_betas", "lr", "lr_scheduler", "warmup_updates", "warmup_init_lr", "weight_decay",

@@ -18,15 +18,11 @@ dict.txt, train/valid/test binarized by ``fairseq-preprocess --only-source``, th
 recipe.json.
 """
 
-import sys
-from pathlib import Path
-
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "data")]  # data_common, prepare_multi30k
-
 import argparse
 import shutil
+from pathlib import Path
 
-from data_common import (
+from scripts.data.data_common import (
     REPO,
     RecipeError,
     SentencePieceEncode,
@@ -48,9 +44,9 @@ from data_common import (
     write_lines,
     write_manifest,
 )
-from prepare_multi30k import LANGS as MULTI30K_LANGS
-from prepare_multi30k import SPLITS as MULTI30K_SPLITS
-from prepare_multi30k import URL as MULTI30K_URL
+from scripts.data.prepare_multi30k import LANGS as MULTI30K_LANGS
+from scripts.data.prepare_multi30k import SPLITS as MULTI30K_SPLITS
+from scripts.data.prepare_multi30k import URL as MULTI30K_URL
 
 TAG = "prepare_lm"
 CORPORA = ("multi30k", "file", "lm1b", "wikitext103")

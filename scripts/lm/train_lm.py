@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Train language models of the plugin (``{family}_lm_*``) on a prepared LM corpus (recipes/train_lm.sh).
 
-    python scripts/lm/train_lm.py dca_lm_d6 lm1b
-    python scripts/lm/train_lm.py --hparams dca-cpu dca_lm_d6,transformer_preln_lm_d6 lm_multi30k_en
-    python scripts/lm/train_lm.py --dry-run --gpus 8 --nodes 4 dca_k2_lm_d12 lm1b
+    python -m scripts.lm.train_lm dca_lm_d6 lm1b
+    python -m scripts.lm.train_lm --hparams dca-cpu dca_lm_d6,transformer_preln_lm_d6 lm_multi30k_en
+    python -m scripts.lm.train_lm --dry-run --gpus 8 --nodes 4 dca_k2_lm_d12 lm1b
 
 The set-up (``--hparams``, HPARAMS: dca-paper or dca-cpu, scripts/lm/lm_setups.py) fixes every hyper-parameter
 with its source; the dry run prints them and the run stores them in SAVE_DIR/train_setup.json. Batches are
@@ -17,19 +17,20 @@ Golden commands: ``--write-golden tests/golden/lm_commands.txt`` rewrites the ta
 compares.
 """
 
-import sys
-from pathlib import Path
-
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "training")]  # setups, train_options, train_run, ...
-
 import argparse
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from lm_setups import FIELDS, SETUPS, SETUPS_ORDER
-from setups import Sourced, exact_worlds, override, split_batch
-from train_arguments import Parser, attach_save_dirs, check_archs_and_processes
-from train_options import (
+from scripts.lm.lm_setups import FIELDS, SETUPS, SETUPS_ORDER
+from scripts.training.setups import Sourced, exact_worlds, override, split_batch
+from scripts.training.train_arguments import (
+    Parser,
+    attach_save_dirs,
+    check_archs_and_processes,
+)
+from scripts.training.train_options import (
     GUIDANCE_CRITERION,
     LAUNCHERS,
     choose_launcher,
@@ -39,8 +40,8 @@ from train_options import (
     placement_options,
     precision_options,
 )
-from train_run import render, stream
-from training_common import (
+from scripts.training.train_run import render, stream
+from scripts.training.training_common import (
     PLUGIN_DIR,
     REPO,
     RecipeError,
@@ -278,7 +279,7 @@ GOLDEN_WORLDS = {"dca-paper": ((0, 1), (1, 1), (8, 1), (8, 4)), "dca-cpu": ((0, 
 GOLDEN_HEADER = [
     "# fairseq-train commands of every (LM set-up, family, GPUs x nodes): tests/test_lm_recipes.py",
     "# a command = its 'SETUP gpus=N nodes=M:' line with {arch} replaced + the tail of its family's line",
-    "# regenerate: python scripts/lm/train_lm.py --write-golden tests/golden/lm_commands.txt",
+    "# regenerate: python -m scripts.lm.train_lm --write-golden tests/golden/lm_commands.txt",
 ]
 
 

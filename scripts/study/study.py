@@ -51,12 +51,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import study_checks
-import study_lm
-import study_lm_report
-import study_report
-import study_submitit
-from study_common import (
+from scripts.study import (
+    study_checks,
+    study_lm,
+    study_lm_report,
+    study_report,
+    study_submitit,
+)
+from scripts.study.study_common import (
     REPO,
     VARIANTS,
     Budget,
@@ -69,11 +71,10 @@ from study_common import (
     run_main,
     warn_misspelt,
 )
-from study_console import _minutes, console_table
-from study_run import INTERRUPTED, Study, _now, grid  # noqa: F401  (INTERRUPTED, grid: for the tests and main_job)
+from scripts.study.study_console import _minutes, console_table
+from scripts.study.study_run import INTERRUPTED, Study, _now, grid  # noqa: F401  (INTERRUPTED, grid: for the tests and main_job)
 
 TAG = "study"
-SCRIPTS = Path(__file__).resolve().parents[1]
 WIDTH_128 = ("--encoder-embed-dim 128 --decoder-embed-dim 128 "
              "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512")  # fmt: skip
 ENV_VARS = ("ARCHS", "SEEDS", "VARIANTS", "MAX_UPDATE", "TRAIN_MINUTES", "MODEL_ARGS", "TRAIN_LINES", "MULTI30K_DIR",
@@ -280,7 +281,7 @@ def prepare_data(args, logs: Path) -> Path:
             return dest
         raise RecipeError(f"OUT_DIR={args.out_dir}: its data was prepared with {old}, now {settings}; use another "
                           "OUT_DIR or the same TRAIN_LINES, VOCAB_SIZE, SRC and TGT")  # fmt: skip
-    cmd = [sys.executable, SCRIPTS / "data" / "prepare_multi30k.py", "--src", args.src, "--tgt", args.tgt,
+    cmd = [sys.executable, "-m", "scripts.data.prepare_multi30k", "--src", args.src, "--tgt", args.tgt,
            "--work-dir", args.out_dir / "data" / name, "--dest-dir", dest, "--train-lines", str(args.train_lines),
            "--vocab-size", str(args.vocab_size)]  # fmt: skip
     cmd += ["--raw-dir", args.raw_dir] if args.raw_dir else []

@@ -11,7 +11,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from study_common import WARMUP_VARIANTS, RecipeError, read_lines
+from scripts.study.study_common import WARMUP_VARIANTS, RecipeError, read_lines
 
 _TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)")
 # SentencePiece's limit does not depend on the requested size once that is too high: ask for more than any

@@ -43,11 +43,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2]):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from recipe_common import (  # noqa: F401  (re-exported for study.py)
+from scripts.recipe_common import (  # noqa: F401  (re-exported for study.py)
     PLUGIN_DIR,
     REPO,
     RecipeError,
@@ -436,9 +432,8 @@ def describe_machine(info: dict) -> str:
 def command_line(env_vars: tuple[str, ...]) -> str:
     """The command as the user gave it: the variables they set and the script with its arguments."""
     prefix = [f"{name}={shlex.quote(os.environ[name])}" for name in env_vars if os.environ.get(name) is not None]
-    script = os.environ.get("STUDY_COMMAND") or " ".join(
-        [Path(sys.argv[0]).resolve().relative_to(REPO).as_posix(), *map(shlex.quote, sys.argv[1:])]
-    )
+    module = ".".join(Path(sys.argv[0]).resolve().relative_to(REPO).with_suffix("").parts)
+    script = os.environ.get("STUDY_COMMAND") or " ".join(["python", "-m", module, *map(shlex.quote, sys.argv[1:])])
     return " ".join([*prefix, script])
 
 

@@ -5,8 +5,8 @@ table. fairseq's own output goes to the runs' log files."""
 import sys
 import time
 
-from study_common import Run, read_curves
-from study_stats import _fmt
+from scripts.study.study_common import Run, read_curves
+from scripts.study.study_stats import _fmt
 
 
 class Console:

@@ -29,7 +29,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from study_common import (
+from scripts.lm.lm_setups import DCA_CPU
+from scripts.recipe_common import fairseq_module
+from scripts.study.study_common import (
     GUIDANCE_CRITERION,
     PLUGIN_ARG,
     Budget,
@@ -38,11 +40,6 @@ from study_common import (
     optimizer_args,
     run_args,
 )
-
-SCRIPTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(SCRIPTS / "lm"))
-from lm_setups import DCA_CPU
-from recipe_common import fairseq_module
 
 TASK = "language_modeling"
 TASKS = ("translation", TASK)
@@ -122,12 +119,12 @@ def train_command(run: Run, setup: LMSetup, budget: Budget, data: Path, save_dir
 
 
 def eval_command(data: Path, checkpoint: Path, output: Path) -> list[str]:
-    return [str(c) for c in (sys.executable, SCRIPTS / "study" / "study_lm_eval.py", data, checkpoint, output)]
+    return [str(c) for c in (sys.executable, "-m", "scripts.study.study_lm_eval", data, checkpoint, output)]
 
 
 def prepare_command(args, dest: Path) -> list[str]:
     """scripts/lm/prepare_lm.py for the Multi30k preset: the TGT side, VOCAB_SIZE pieces."""
-    cmd = [sys.executable, SCRIPTS / "lm" / "prepare_lm.py", "--corpus", "multi30k", "--lang", args.tgt,
+    cmd = [sys.executable, "-m", "scripts.lm.prepare_lm", "--corpus", "multi30k", "--lang", args.tgt,
            "--vocab-size", str(args.vocab_size), "--work-dir", args.out_dir / "data" / dest.name, "--dest-dir", dest,
            "--workers", "1"]  # fmt: skip
     cmd += ["--raw-dir", args.raw_dir] if args.raw_dir else []
@@ -155,7 +152,8 @@ def paired_tests(groups: dict[tuple, list[tuple[str, tuple]]], samples: int) -> 
     token in nats (higher is better), ppl the corpus perplexity (lower is better)."""
     import numpy as np
     from sacrebleu.significance import _compute_p_value
-    from study_stats import _bootstrap_indices, difference_ci
+
+    from scripts.study.study_stats import _bootstrap_indices, difference_ci
 
     out = {}
     for key, systems in groups.items():

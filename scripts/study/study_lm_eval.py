@@ -4,16 +4,15 @@ example (``--sample-break-mode eos``, whatever the training's blocks were), with
 ``fairseq_plugins.lm.scoring.sentence_log_likelihoods``; writes each sentence's summed natural-log probability
 and token count and the split's perplexity (fairseq-eval-lm's) to OUTPUT (JSON).
 
-    python scripts/study/study_lm_eval.py DATA CHECKPOINT OUTPUT
+    python -m scripts.study.study_lm_eval DATA CHECKPOINT OUTPUT
 """
 
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from recipe_common import run_main, write_json
+from scripts.recipe_common import run_main, write_json
 
 TAG = "study-lm-eval"
 

@@ -10,11 +10,9 @@ the perplexity difference lies inside ±LEVEL_MARGIN perplexity points.
 
 import shlex
 
-import study_lm
-import study_plots
-import study_stats
-from study_common import shown_path, write_json, write_text
-from study_report_common import (
+from scripts.study import study_lm, study_plots, study_stats
+from scripts.study.study_common import shown_path, write_json, write_text
+from scripts.study.study_report_common import (
     Metric,
     Score,
     _ci_text,
@@ -37,7 +35,7 @@ from study_report_common import (
     runs_and_choices,
     stopping_text,
 )
-from study_stats import P_SIGNIFICANT, _fmt
+from scripts.study.study_stats import P_SIGNIFICANT, _fmt
 
 SCORES = ("valid_ppl", "test_ppl")
 

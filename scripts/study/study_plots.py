@@ -1,8 +1,8 @@
 """The plots of a study's report (scripts/study/study.py): the learning curves of every run at its group's
 chosen setting (train and valid loss against updates and training seconds), and BLEU mean ± std per model."""
 
-from study_common import Run
-from study_stats import _chosen
+from scripts.study.study_common import Run
+from scripts.study.study_stats import _chosen
 
 
 def plots(results: dict[Run, dict], rows: list[dict], choices: dict, curves_png, bleu_png, score: str = "bleu",

@@ -12,11 +12,15 @@ the choice lands on the edge of the grid.
 import shlex
 from pathlib import Path
 
-import study_claims
-import study_plots
-import study_stats
-from study_common import Run, read_lines, shown_path, write_json, write_text
-from study_report_common import (
+from scripts.study import study_claims, study_plots, study_stats
+from scripts.study.study_common import (
+    Run,
+    read_lines,
+    shown_path,
+    write_json,
+    write_text,
+)
+from scripts.study.study_report_common import (
     Metric,
     Score,
     _ci_text,

@@ -9,10 +9,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import study_claims
-import study_stats
-from study_common import as_dict, command_line, describe_machine, portable_command
-from study_stats import _chosen, _fmt
+from scripts.study import study_claims, study_stats
+from scripts.study.study_common import (
+    as_dict,
+    command_line,
+    describe_machine,
+    portable_command,
+)
+from scripts.study.study_stats import _chosen, _fmt
 
 
 def _earlier(out: Path) -> dict:

@@ -18,10 +18,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import study_checks
-import study_lm
-import study_stats
-from study_common import (
+from scripts.study import study_checks, study_lm, study_stats
+from scripts.study.study_common import (
     ATTEMPT,
     EARLY_STOP,
     FAIRSEQ_EARLY_STOP,
@@ -44,9 +42,8 @@ from study_common import (
     validate_command,
     write_json,
 )
-from study_console import Console
+from scripts.study.study_console import Console
 
-SCRIPTS = Path(__file__).resolve().parents[1]
 # a test hook: "RUNS:UPDATES" stops the study like Ctrl-C once RUNS runs are done and the next reached UPDATES
 INTERRUPT_HOOK = "STUDY_INTERRUPT_AT"
 INTERRUPTED = "=== study: interrupted\n"
@@ -315,7 +312,7 @@ class Study(Console):
             cmd = study_lm.eval_command(self.data, self.run_dir(run) / "checkpoints" / "checkpoint_best.pt",
                                         self.run_dir(run) / "eval" / "results.json")  # fmt: skip
             return Process(cmd, self.run_dir(run) / "eval.log", self.args.threads, mode="w")
-        cmd = [sys.executable, SCRIPTS / "training" / "evaluate_recipe.py", self.data,
+        cmd = [sys.executable, "-m", "scripts.training.evaluate_recipe", self.data,
                self.run_dir(run) / "checkpoints" / "checkpoint_best.pt", "--output-dir", self.run_dir(run) / "eval",
                "--sets", self.test_set["name"], "--gpu", "auto" if getattr(self.args, "gpus_per_run", 0) else "0",
                "--max-tokens", "4000", "--",

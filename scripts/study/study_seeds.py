@@ -17,7 +17,7 @@ does not (the test set is shared): var(n) = max(var_seeds - var_sentences, 0) / 
 var_seeds is the sample variance of the per-seed differences and var_sentences the mean per-seed bootstrap
 variance of the difference over sentences.
 
-    python scripts/study/study_seeds.py --study docs/study/converged_e12d12 --references REFS \
+    python -m scripts.study.study_seeds --study docs/study/converged_e12d12 --references REFS \
         [--margin 1.0] [--samples 1000] [--out docs/study/converged_e12d12/seeds]
 """
 
@@ -29,7 +29,14 @@ from pathlib import Path
 
 import numpy as np
 from sacrebleu.metrics import BLEU
-from study_common import describe_machine, machine, read_lines, write_json, write_text
+
+from scripts.study.study_common import (
+    describe_machine,
+    machine,
+    read_lines,
+    write_json,
+    write_text,
+)
 
 Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
 
@@ -162,7 +169,7 @@ def main(argv=None) -> None:
         parser.error(f"--references: {args.study} has no prepared data-bin/*/refs/ (run the study's command with "
                      "REPORT_ONLY=1 to prepare it, or give the reference file)")  # fmt: skip
     record = analyse(args.study, read_lines(references), args.margin, args.samples)
-    command = "python scripts/study/study_seeds.py " + " ".join(a for a in (argv or sys.argv[1:]))
+    command = "python -m scripts.study.study_seeds " + " ".join(a for a in (argv or sys.argv[1:]))
     record["machine_text"] = describe_machine(machine())
     text = markdown(record, command)
     if args.out:

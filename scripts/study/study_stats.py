@@ -27,7 +27,7 @@ import math
 import os
 import statistics
 
-from study_common import Run, reached
+from scripts.study.study_common import Run, reached
 
 P_SIGNIFICANT = 0.05
 

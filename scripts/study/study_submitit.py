@@ -34,10 +34,11 @@ import sys
 from pathlib import Path
 
 import submitit
-from study_common import RecipeError, Run, write_json
-from study_run import INTERRUPT_HOOK, Study
 from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.helpers import Checkpointable, as_completed
+
+from scripts.study.study_common import RecipeError, Run, write_json
+from scripts.study.study_run import INTERRUPT_HOOK, Study
 
 EXECUTORS = ("local", "submitit-local", "slurm")
 # option -> (variable, the executors that read it): any other executor refuses it
@@ -200,8 +201,9 @@ class _Submitted:
 
 
 def _python_path() -> str:
-    """The job process unpickles RunJob, so it must import the study's modules as this process does."""
-    here = str(Path(__file__).resolve().parent)
+    """The job process unpickles RunJob, so it must import the study's modules (scripts.study.*) as this process
+    does: the repository root goes first on its PYTHONPATH."""
+    here = str(Path(__file__).resolve().parents[2])
     return os.pathsep.join([here, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]])
 
 

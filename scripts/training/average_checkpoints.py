@@ -2,9 +2,9 @@
 """Average the parameters of several fairseq checkpoints into one (fairseq's scripts/training/average_checkpoints.py,
 which the fairseq wheel does not install).
 
-    python scripts/training/average_checkpoints.py --inputs checkpoints/wmt14_en_de/ARCH --num-update-checkpoints 5 \
+    python -m scripts.training.average_checkpoints --inputs checkpoints/wmt14_en_de/ARCH --num-update-checkpoints 5 \
         --output checkpoints/wmt14_en_de/ARCH/checkpoint_avg5.pt
-    python scripts/training/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    python -m scripts.training.average_checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are read with torch's default weights-only loading: importing ``fairseq_plugins`` first allows
 exactly the types fairseq checkpoints hold (fairseq_plugins/checkpoint_safety.py), nothing else. The output
@@ -18,12 +18,9 @@ parameter names, shapes and dtypes.
 import argparse
 import os
 import re
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fairseq_plugins  # noqa: F401  (allow-lists fairseq's checkpoint types for weights-only loading)
 

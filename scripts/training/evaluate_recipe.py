@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Translate a prepared test set with fairseq-generate and score it with sacrebleu (recipes/evaluate.sh).
 
-    python scripts/training/evaluate_recipe.py wmt14_en_de checkpoints/wmt14_en_de/residual_e18d18
-    python scripts/training/evaluate_recipe.py data-bin/iwslt14_en_de path/to/checkpoint_best.pt --beam 5
+    python -m scripts.training.evaluate_recipe wmt14_en_de checkpoints/wmt14_en_de/residual_e18d18
+    python -m scripts.training.evaluate_recipe data-bin/iwslt14_en_de path/to/checkpoint_best.pt --beam 5
 
 Decoding follows the papers: beam 4 and length penalty 0.6 on WMT (Vaswani et al., Crossformer A.1) and
 OPUS-100 (Zhang et al. 2020), beam 5 and length penalty 1.0 on IWSLT-14 and Multi30k; the dataset's
@@ -35,8 +35,8 @@ import re
 import statistics
 from pathlib import Path
 
-import multilingual
-from training_common import (
+from scripts.training import multilingual
+from scripts.training.training_common import (
     PLUGIN_DIR,
     REPO,
     RecipeError,

@@ -8,7 +8,7 @@ CPU default of 1. So this passes them explicitly, as ``--distributed-init-method
 RANK --device-id LOCAL_RANK --distributed-no-spawn``, and refuses a world size that differs from the one the
 command was planned for (that would change the tokens per update).
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/training/fairseq_rank.py DATA ...
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m scripts.training.fairseq_rank DATA ...
 """
 
 import os

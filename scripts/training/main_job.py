@@ -21,14 +21,11 @@ too (ARCHS, ARCH_LRS, LRS, SEEDS, MAX_UPDATE, MODEL_ARGS, TRAIN_MINUTES, ...); `
 keeps the two settings above for the models it still names.
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "study"))
 
-from study import Defaults
-from study import main as study_main
-from study_common import REPO, run_main
+from scripts.study.study import Defaults
+from scripts.study.study import main as study_main
+from scripts.study.study_common import REPO, run_main
 
 TAG = "main"
 WIDTH_64 = "--encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256"

@@ -23,7 +23,7 @@ model, optimizer, batch and seed); ``generate_args(manifest, src, tgt)`` those o
 direction.
 """
 
-from training_common import MANIFEST, RecipeError
+from scripts.training.training_common import MANIFEST, RecipeError
 
 TASK = "translation_multi_simple_epoch"
 KEYS = ("langs", "lang_pairs", "encoder_langtok", "lang_tok_style", "sampling_method", "sampling_temperature",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Turn a Pre-LN transformer checkpoint into a DeepCrossAttention one that translates identically.
 
-    python scripts/training/retrofit_dca.py IN.pt OUT.pt --dca-k 2
+    python -m scripts.training.retrofit_dca IN.pt OUT.pt --dca-k 2
     fairseq-train DATA --user-dir fairseq_plugins --arch dca_k2_e6d6 --restore-file OUT.pt --reset-optimizer ...
 
 DCA's GRNs start as the plain sum of the stack (b = 1, w = 0), which is exactly what a Pre-LN transformer's
@@ -26,9 +26,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 

@@ -26,7 +26,7 @@ A set-up is chosen for a whole comparison: every architecture trained with it ge
 
 from dataclasses import dataclass
 
-from training_common import RecipeError
+from scripts.training.training_common import RecipeError
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ naming the recipe's environment variable, and where each architecture's checkpoi
 import argparse
 from pathlib import Path
 
-from setups import DATASETS, SETUPS_ORDER
-from train_options import LAUNCHERS
-from training_common import REPO, RecipeError, split_passthrough
+from scripts.training.setups import DATASETS, SETUPS_ORDER
+from scripts.training.train_options import LAUNCHERS
+from scripts.training.training_common import REPO, RecipeError, split_passthrough
 
 
 def nonnegative(name: str, env: str):

@@ -5,12 +5,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from setups import DATASETS, SETUPS, SETUPS_ORDER
-from train_arguments import attach_save_dirs, parse_args
-from train_options import DEFAULT_DIRECTION, TAG
-from train_plan import plan
-from train_run import render
-from training_common import REPO, RecipeError, log, write_lines
+from scripts.training.setups import DATASETS, SETUPS, SETUPS_ORDER
+from scripts.training.train_arguments import attach_save_dirs, parse_args
+from scripts.training.train_options import DEFAULT_DIRECTION, TAG
+from scripts.training.train_plan import plan
+from scripts.training.train_run import render
+from scripts.training.training_common import REPO, RecipeError, log, write_lines
 
 
 def family_representatives(width: str) -> dict[str, str]:
@@ -86,7 +86,7 @@ def golden_command(lines: list[str], setup: str, dataset: str, gpus: int, family
 GOLDEN_HEADER = [
     "# fairseq-train commands of every (set-up, dataset, family, GPU count): tests/test_golden_commands.py",
     "# a command = its 'SETUP DATASET gpus=N:' line with {arch} replaced + the tail of its family's line",
-    "# regenerate: python scripts/training/train_recipe.py --write-golden tests/golden/train_commands.txt",
+    "# regenerate: python -m scripts.training.train_recipe --write-golden tests/golden/train_commands.txt",
 ]
 
 

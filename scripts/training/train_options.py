@@ -7,12 +7,17 @@ import re
 import sys
 from pathlib import Path
 
-from setups import DATASETS
-from training_common import REPO, RecipeError, fairseq_module, read_manifest
+from scripts.training.setups import DATASETS
+from scripts.training.training_common import (
+    REPO,
+    RecipeError,
+    fairseq_module,
+    read_manifest,
+)
 
 TAG = "train"
 GUIDANCE_CRITERION = "label_smoothed_cross_entropy_with_guidance"
-RANK_SCRIPT = Path(__file__).resolve().with_name("fairseq_rank.py")
+RANK_MODULE = "scripts.training.fairseq_rank"  # torchrun -m: one rank of fairseq-train
 LAUNCHERS = ("auto", "torchrun", "slurm")
 DEFAULT_PORT = "29500"
 MULTILINGUAL_TASK = "translation_multi_simple_epoch"
@@ -231,7 +236,7 @@ def launcher_prefix(launcher: str, args, processes: int, env, notes) -> list[str
         return ["srun", "--nodes", str(args.nodes), "--ntasks-per-node", str(processes), *fairseq_module("train")]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
     if args.nodes == 1:
-        return [*run, "--standalone", str(RANK_SCRIPT)]
+        return [*run, "--standalone", "-m", RANK_MODULE]
     for var in ("NODE_RANK", "MASTER_ADDR"):
         if not env.get(var) and not args.dry_run:
             raise RecipeError(f"NUM_NODES={args.nodes} with torchrun: set {var} on every node "
@@ -241,7 +246,7 @@ def launcher_prefix(launcher: str, args, processes: int, env, notes) -> list[str
                  f"MASTER_ADDR=<node 0's address> and MASTER_PORT (default {DEFAULT_PORT})")  # fmt: skip
     return [*run, "--nnodes", str(args.nodes), "--node-rank", env.get("NODE_RANK") or "${NODE_RANK}",
             "--master-addr", env.get("MASTER_ADDR") or "${MASTER_ADDR}",
-            "--master-port", env.get("MASTER_PORT") or f"${{MASTER_PORT:-{DEFAULT_PORT}}}", str(RANK_SCRIPT)]  # fmt: skip
+            "--master-port", env.get("MASTER_PORT") or f"${{MASTER_PORT:-{DEFAULT_PORT}}}", "-m", RANK_MODULE]  # fmt: skip
 
 
 def multilingual_options(manifest: dict, assumed_manifest: bool, assumed: list[str]) -> list[str]:
@@ -255,6 +260,8 @@ def multilingual_options(manifest: dict, assumed_manifest: bool, assumed: list[s
             f"the set-up trains {MULTILINGUAL_TASK} (all directions, one model) but the data's recipe.json has task "
             f"{manifest.get('task', 'translation')!r}: prepare it again with recipes/prepare_opus100.sh"
         )
-    from multilingual import train_args  # only here: the multilingual data's own helper
+    from scripts.training.multilingual import (
+        train_args,  # only here: the multilingual data's own helper
+    )
 
     return list(train_args(manifest))

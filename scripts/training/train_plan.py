@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from setups import (
+from scripts.training.setups import (
     MULTILINGUAL,
     Sourced,
     exact_worlds,
@@ -14,7 +14,7 @@ from setups import (
     setup_rows,
     split_batch,
 )
-from train_options import (
+from scripts.training.train_options import (
     PREPARE,
     arch_options,
     arch_width,
@@ -33,7 +33,7 @@ from train_options import (
     precision_options,
     resolve_data,
 )
-from training_common import PLUGIN_DIR, RecipeError
+from scripts.training.training_common import PLUGIN_DIR, RecipeError
 
 
 @dataclass

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Train named architectures on a prepared dataset with one paper's set-up (recipes/train.sh).
 
-    python scripts/training/train_recipe.py residual_iwslt_e12d12 iwslt14_en_de
-    python scripts/training/train_recipe.py --hparams dca dca_e6d6,transformer_preln_e6d6 wmt14_de_en
-    python scripts/training/train_recipe.py --dry-run --gpus 8 --nodes 4 crossformer_sg_e6d6 wmt14_en_de
+    python -m scripts.training.train_recipe residual_iwslt_e12d12 iwslt14_en_de
+    python -m scripts.training.train_recipe --hparams dca dca_e6d6,transformer_preln_e6d6 wmt14_de_en
+    python -m scripts.training.train_recipe --dry-run --gpus 8 --nodes 4 crossformer_sg_e6d6 wmt14_en_de
 
 The set-up (``--hparams``, HPARAMS) fixes every hyper-parameter, the direction, embedding sharing,
 precision, checkpoint choice and early stopping, each with its source (scripts/training/setups.py; the dry
@@ -27,10 +27,10 @@ Golden commands: ``--write-golden tests/golden/train_commands.txt`` rewrites the
 every (set-up, dataset, family, GPU count) command that tests/test_golden_commands.py compares.
 """
 
-from setups import choose_setup
-from train_arguments import attach_save_dirs
-from train_arguments import parse_args as parse_arguments
-from train_golden import (  # noqa: F401  (re-exported for the tests)
+from scripts.training.setups import choose_setup
+from scripts.training.train_arguments import attach_save_dirs
+from scripts.training.train_arguments import parse_args as parse_arguments
+from scripts.training.train_golden import (  # noqa: F401  (re-exported for the tests)
     GOLDEN_HEADER,
     family_representatives,
     golden_command,
@@ -39,10 +39,10 @@ from train_golden import (  # noqa: F401  (re-exported for the tests)
     golden_text,
     write_golden,
 )
-from train_options import RANK_SCRIPT, TAG, last_value, resolve_data  # noqa: F401  (re-exported for the tests)
-from train_plan import Plan, plan  # noqa: F401  (re-exported for the tests)
-from train_run import describe, manifest_of, render, train  # noqa: F401  (re-exported for the tests)
-from training_common import log, run_main
+from scripts.training.train_options import RANK_MODULE, TAG, last_value, resolve_data  # noqa: F401  (re-exported for the tests)
+from scripts.training.train_plan import Plan, plan  # noqa: F401  (re-exported for the tests)
+from scripts.training.train_run import describe, manifest_of, render, train  # noqa: F401  (re-exported for the tests)
+from scripts.training.training_common import log, run_main
 
 
 def parse_args(argv=None):

@@ -9,10 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-from setups import FIELDS
-from train_options import TAG
-from train_plan import Plan
-from training_common import REPO, RecipeError, exit_text, log, write_json
+from scripts.training.setups import FIELDS
+from scripts.training.train_options import TAG
+from scripts.training.train_plan import Plan
+from scripts.training.training_common import (
+    REPO,
+    RecipeError,
+    exit_text,
+    log,
+    write_json,
+)
 
 
 def render(cmd: list[str]) -> str:

@@ -1,18 +1,10 @@
 """Shared pieces of the training and evaluation scripts (scripts/training/*.py, run by recipes/train.sh,
 evaluate.sh and main_job.sh).
 
-Scripts here are run as files, so this folder is on ``sys.path``; importing this module first also puts
-``scripts/`` (for recipe_common) and the repository root (for ``fairseq_plugins``) there.
+The scripts run as modules from the repository root (``python -m scripts.training.train_recipe``).
 """
 
-import sys
-from pathlib import Path
-
-for _path in (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2]):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from recipe_common import (  # noqa: F401  (re-exported: the training scripts import everything from here)
+from scripts.recipe_common import (  # noqa: F401  (re-exported: the training scripts import everything from here)
     MANIFEST,
     PLUGIN_DIR,
     REPO,

@@ -2,8 +2,8 @@
 
 Run once, at commit 8302f79 (before the axes refactor of issue 26), from the repository root:
 
-    PYTHONPATH=. python tests/golden/make_golden.py            # everything (a few minutes on one core)
-    PYTHONPATH=. python tests/golden/make_golden.py --fingerprints-only
+    python -m tests.golden.make_golden            # everything (a few minutes on one core)
+    python -m tests.golden.make_golden --fingerprints-only
 
 What it writes under tests/golden/:
 - ``checkpoints/data/dict.{src,tgt}.txt``: the joined dictionary of the tiny reversal corpus (tests/helpers.py);
@@ -24,7 +24,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,7 +32,6 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 CHECKPOINTS = GOLDEN / "checkpoints"
-sys.path.insert(0, str(REPO))
 
 from tests.helpers import (
     binarize,

@@ -1,0 +1,1 @@
+"""Analysis tools: parameter tables, depth/width sweeps and the learned weights of trained models."""

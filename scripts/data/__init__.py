@@ -1,0 +1,1 @@
+"""Data preparation: download, tokenise and binarise the translation corpora (Multi30k, IWSLT14, WMT14, OPUS-100)."""

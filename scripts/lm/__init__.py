@@ -1,0 +1,1 @@
+"""Language modelling: the LM setups, corpus preparation and the LM training tool."""
