@@ -14,7 +14,7 @@
 #   PATIENCE [0]  stop a run after this many validations without a lower valid loss (0: MAX_UPDATE only)
 #   MODEL_ARGS    [width 128: --encoder-embed-dim 128 ...]; '' keeps the presets' width
 #   MULTI30K_DIR  a local Multi30k copy (no download)      DATA_BIN  a prepared dataset instead
-#   TRAIN_LINES [0: all]   VOCAB_SIZE [8000]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
+#   TRAIN_LINES [0: all]   VOCAB_SIZE [8000; 4000 with LM=1]   SRC [de], TGT [en]   VERIFY_COUNTS [1]   MAX_TOKENS [4096]
 #   JOBS [cores] runs side by side   THREADS [cores / JOBS]   VALID_EVERY [MAX_UPDATE / 8]   BOOTSTRAP [1000]
 #   LEVEL_MARGIN [1.0] BLEU: "level" only when every seed's 95% CI of the difference is inside +-margin
 #   PAIRS [none]  more paired comparisons, SYSTEM:BASELINE pairs of ARCHS names, space-separated (e.g. a

@@ -49,6 +49,8 @@ def test_an_lm_data_bin_makes_an_lm_study_and_contradicting_it_is_refused(tmp_pa
     # the translation defaults stay as they were
     plain = study.parse_args([])
     assert plain.task == "translation" and plain.setup == study_common.Setup() and plain.model_args == study.WIDTH_128
+    # a language model's SentencePiece default fits Multi30k's English side alone (at most 7,928 pieces)
+    assert plain.vocab_size == 8000 and study.parse_args(["--task", "language_modeling"]).vocab_size == 4000
 
 
 def test_translation_recipe_refuses_a_language_model():

@@ -51,6 +51,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.lm.prepare_lm import DEFAULT_VOCAB as LM_DEFAULT_VOCAB
 from scripts.study import (
     study_checks,
     study_lm,
@@ -152,7 +153,7 @@ def parse_args(argv=None, defaults: Defaults | None = None):
     p.add_argument("--raw-dir", type=Path, help="MULTI30K_DIR: a local Multi30k copy (default: download)")
     p.add_argument("--data-bin", type=Path, help="DATA_BIN: an already prepared dataset instead of Multi30k")
     p.add_argument("--train-lines", type=int, default=None, help="TRAIN_LINES: only the first N training pairs (default 0: all)")
-    p.add_argument("--vocab-size", type=int, default=None, help="VOCAB_SIZE: joint SentencePiece pieces (default 8000)")
+    p.add_argument("--vocab-size", type=int, default=None, help="VOCAB_SIZE: SentencePiece pieces (default 8000 joint for translation, 4000 for LM=1)")
     p.add_argument("--src", default="de", help="SRC: source language (default de)")
     p.add_argument("--tgt", default="en", help="TGT: target language (default en; the Multi30k side of an LM study)")
     p.add_argument("--no-verify-counts", dest="verify_counts", action="store_false",
@@ -232,7 +233,8 @@ def validate(args, d: Defaults) -> None:
                           "Multi30k side; drop TRAIN_LINES")  # fmt: skip
     args.explicit = {name for name in ("train_lines", "vocab_size") if getattr(args, name) is not None}
     args.train_lines = 0 if args.train_lines is None else args.train_lines
-    args.vocab_size = 8000 if args.vocab_size is None else args.vocab_size
+    if args.vocab_size is None:  # Multi30k's English side alone allows at most 7,928 pieces (prepare_lm's default)
+        args.vocab_size = LM_DEFAULT_VOCAB["multi30k"] if lm else 8000
     for name, variable, low in (("max_tokens", "MAX_TOKENS", 1), ("valid_every", "VALID_EVERY", 0), ("jobs", "JOBS", 0),
                                 ("threads", "THREADS", 0), ("bootstrap", "BOOTSTRAP", 0), ("train_lines", "TRAIN_LINES", 0),
                                 ("vocab_size", "VOCAB_SIZE", 1), ("patience", "PATIENCE", 0), ("falling_last", "FALLING_LAST", 2),
