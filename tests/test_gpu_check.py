@@ -101,3 +101,14 @@ def test_the_shell_command_without_cuda_exits_0(tmp_path):
                env={"PYTHON": sys.executable})  # fmt: skip
     assert "No CUDA device" in proc.stdout
     assert (tmp_path / "report" / "gpu_check.md").is_file() and (tmp_path / "report" / "gpu_check.json").is_file()
+
+
+def test_compiled_mode_checks_the_family_with_its_layers_compiled(tmp_path):
+    """--mode compiled: the same checks with the idea modules through torch.compile (the eager backend here; a GPU
+    runs inductor by default), reported beside the eager row with its own time ratio."""
+    argv = ["--device", "cpu", "--family", "mhc", "--mode", "eager", "--mode", "compiled", "--compile-backend", "eager"]
+    assert gpu_check.main([*argv, "--out", str(tmp_path), *TINY]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert {(r["name"], r["mode"]) for r in rows} >= {("mhc", "eager"), ("mhc", "compiled")}
+    assert all(r["ok"] and r["time_ratio"] is not None for r in rows)
+    assert "| compiled |" in (tmp_path / "gpu_check.md").read_text()

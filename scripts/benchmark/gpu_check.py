@@ -16,6 +16,9 @@ bf16: the plugin's autocast, what ``--autocast-dtype bfloat16`` does), on synthe
   > 1 is slower),
   and the peak memory of building and training the model (torch.cuda.max_memory_allocated over the check, less
   what was allocated before it).
+Each check runs eager and, with ``--mode compiled``, with the idea modules compiled (``--compile-backend``,
+default inductor, which emits Triton kernels on a GPU: fairseq_plugins/modules/compiled.py); on CUDA both modes by
+default, so the first GPU measures each family both ways (time ratios to Pre-LN in the same precision and mode).
 It writes one report, ``--out``/gpu_check.md and .json, and exits 1 if any check failed, 0 otherwise. On a
 machine without CUDA it says so, writes a report saying nothing ran, and exits 0. ``--device cpu`` runs the same
 checks on the CPU in bf16 (fp16 training needs CUDA in fairseq 0.12.3): how this script is tested here.
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 from fairseq.logging import metrics
 
+from fairseq_plugins.modules.compiled import compile_ideas
 from scripts.benchmark.bench_data import (
     build_dictionary,
     make_batches,
@@ -113,9 +117,11 @@ def decoding_gap(contender, batch: dict) -> tuple[float, float]:
     return (inc - full).abs().max().item(), full.abs().max().item()
 
 
-def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: Path, batches, opts) -> dict:
-    """Train, decode and measure one model; a dict of the report's row (``ok`` False on any failure)."""
-    row = {"name": name, "arch": arch, "precision": precision, "ok": False}
+def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: Path, batches, opts,
+              mode: str = "eager") -> dict:  # fmt: skip
+    """Train, decode and measure one model, eager or with its layers compiled; a dict of the report's row (``ok``
+    False on any failure)."""
+    row = {"name": name, "arch": arch, "precision": precision, "mode": mode, "ok": False}
     gc.collect()  # the previous check's model, trainer and optimizer state
     before = 0
     if opts.device == "cuda":
@@ -124,6 +130,9 @@ def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: 
         before = torch.cuda.memory_allocated()
     try:
         c = build_contender(name, arch, data_dir, opts, precision, extra)
+        if mode == "compiled":
+            torch._dynamo.reset()  # the previous model's graphs
+            compile_ideas(c.trainer.model, backend=opts.compile_backend)
         c.extra["sample"] = batches.train[0]
         row["grn_code"] = grn_code_path(c)
         if c.device == "cuda":
@@ -152,10 +161,10 @@ def check_one(name: str, arch: str, extra: list[str], precision: str, data_dir: 
 
 
 def add_time_ratios(rows: list[dict]) -> None:
-    """Each row's training time over the baseline's in the same precision (> 1: slower than Pre-LN)."""
-    base = {r["precision"]: r.get("train_seconds") for r in rows if r["name"] == BASELINE}
+    """Each row's training time over the baseline's in the same precision and mode (> 1: slower than Pre-LN)."""
+    base = {(r["precision"], r.get("mode")): r.get("train_seconds") for r in rows if r["name"] == BASELINE}
     for r in rows:
-        b = base.get(r["precision"])
+        b = base.get((r["precision"], r.get("mode")))
         r["time_ratio"] = r["train_seconds"] / b if b and r.get("train_seconds") else None
 
 
@@ -167,12 +176,13 @@ def markdown(report: dict) -> str:
     lines = [f"# GPU check\n\n{report['summary']}\n"]
     if not report["rows"]:
         return "\n".join(lines)
-    lines += [("| check | arch | precision | final loss | updates applied | incremental vs full (tolerance) | GRN code "
-              "| time ratio to Pre-LN | peak MiB | result |"), "|---|---|---|---:|---:|---:|---|---:|---:|---|"]
+    lines += [("| check | arch | precision | mode | final loss | updates applied | incremental vs full (tolerance) | GRN code "
+              "| time ratio to Pre-LN | peak MiB | result |"), "|---|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in report["rows"]:
         gap = (f"{r['decode_gap']:.2e} ({r['decode_tolerance']:.2e})" if r.get("decode_gap") is not None else "-")
         result = "PASS" if r["ok"] else "FAIL" + (f": {r['error']}" if r.get("error") else "")
-        lines.append(f"| `{r['name']}` | `{r['arch']}` | {r['precision']} | {_fmt(r.get('final_loss'), '.3f')} | "
+        lines.append(f"| `{r['name']}` | `{r['arch']}` | {r['precision']} | {r.get('mode', 'eager')} | "
+                     f"{_fmt(r.get('final_loss'), '.3f')} | "
                      f"{_fmt(r.get('updates_applied'))} | {gap} | {r.get('grn_code', '-')} | "
                      f"{_fmt(r.get('time_ratio'), '.2f')} | {_fmt(r.get('peak_mib'), '.0f')} | {result} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -196,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embed-dim", type=int, help="override the presets' width (tests use a tiny one)")
     p.add_argument("--ffn-dim", type=int, help="override the presets' FFN width")
     p.add_argument("--heads", type=int, help="override the presets' attention heads")
+    p.add_argument("--mode", action="append", choices=["eager", "compiled"],
+                   help="repeatable; default eager and compiled on CUDA, eager on the CPU (compiled: the idea modules "
+                        "through torch.compile, fairseq_plugins/modules/compiled.py)")
+    p.add_argument("--compile-backend", default="inductor", choices=["inductor", "aot_eager", "eager"],
+                   help="torch.compile backend of --mode compiled (default inductor: Triton kernels on a GPU)")
     p.add_argument("--out", type=Path, default=Path("gpu_check"), help="report directory (default ./gpu_check)")
     p.add_argument("--seed", type=int, default=1)
     return p
@@ -219,6 +234,7 @@ def main(argv=None) -> int:
     precisions = opts.precision or (["fp16", "bf16"] if opts.device == "cuda" else ["bf16"])
     if opts.device == "cpu" and "fp16" in precisions:
         parser.error("--precision fp16 needs --device cuda (fairseq's --fp16 trainer calls .cuda() on an overflow)")
+    modes = opts.mode or (["eager", "compiled"] if opts.device == "cuda" else ["eager"])
     opts.beam, opts.decode_len = 1, 8  # read by build_contender (generation options it parses)
     corpus = synthetic_corpus(n_train=1000, n_test=16)
     dictionary = build_dictionary(corpus, 512)
@@ -233,10 +249,11 @@ def main(argv=None) -> int:
             dictionary.save(str(Path(tmp) / f"dict.{lang}.txt"))
         for name, arch, extra in targets(opts):
             for precision in precisions:
-                rows.append(check_one(name, arch, extra, precision, Path(tmp), batches, opts))
-                print(f"{name} {precision}: {'PASS' if rows[-1]['ok'] else 'FAIL'}", file=sys.stderr, flush=True)
+                for mode in modes:
+                    rows.append(check_one(name, arch, extra, precision, Path(tmp), batches, opts, mode))
+                    print(f"{name} {precision} {mode}: {'PASS' if rows[-1]['ok'] else 'FAIL'}", file=sys.stderr, flush=True)
     add_time_ratios(rows)
-    failed = [f"{r['name']} {r['precision']}" for r in rows if not r["ok"]]
+    failed = [f"{r['name']} {r['precision']} {r['mode']}" for r in rows if not r["ok"]]
     device = torch.cuda.get_device_name() if opts.device == "cuda" else "CPU"
     summary = (f"{len(rows) - len(failed)} of {len(rows)} checks passed on {device} (torch {torch.__version__}), "
                f"{opts.updates} updates each" + (f"; FAILED: {', '.join(failed)}." if failed else "."))  # fmt: skip
