@@ -189,3 +189,19 @@ def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_pat
         with pytest.raises(SystemExit) as exit_:
             merge.main([str(tmp_path / name) for name in bad])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_compiled_is_measured_beside_eager_in_one_run(tmp_path):
+    """--compiled: every line-up once more with its layers compiled (issue 58), each against the baseline compiled
+    alike, in the report's precision table beside the eager columns."""
+    argv = [*ARGS[:-2], "--rounds", "1", "--embed-dim", "16", "--ffn-dim", "32", "--family", "mhc", "--no-decode",
+            "--compiled", "--compile-backend", "eager", "--json", str(tmp_path / "r.json")]  # fmt: skip
+    assert benchmark.main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["precisions"] == ["fp32", "fp32+compiled"]
+    (result,) = report["results"]
+    compiled = result["other_precisions"]["fp32+compiled"]
+    assert compiled["baseline"]["train_tokens_per_s"]["median"] > 0 and "train_ratio" in compiled["families"]["mhc"]
+    assert "fp32+compiled train tok/s (ratio)" in benchmark.markdown(report)
+    with pytest.raises(SystemExit):
+        benchmark.main(["--task", "lm", "--compiled", "--synthetic"])

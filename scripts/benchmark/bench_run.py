@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from fairseq_plugins.modules.compiled import compile_ideas
 from scripts.benchmark.bench_data import Batches, Corpus, build_dictionary, make_batches
 from scripts.benchmark.bench_families import (
     BASELINE,
@@ -54,7 +55,7 @@ def run_depth(depth: str, families: list[str], data_dir: Path, batches: Batches,
     result: dict = {}
     for precision in precisions:
         label = depth if len(precisions) == 1 else f"{depth} {precision}"
-        profile = precision == precisions[0]
+        profile = precision == precisions[0] and not precision.endswith(COMPILED)
         shape, rows, profiles = run_line_up(label, line_up, precision, data_dir, batches, opts, log, profile)
         if not result:
             result = {"depth": depth, "layers": list(shape["layers"]), "embed_dim": shape["d"], "ffn_dim": shape["f"],
@@ -65,8 +66,18 @@ def run_depth(depth: str, families: list[str], data_dir: Path, batches: Batches,
     return result
 
 
+COMPILED = "+compiled"  # a precision's suffix (benchmark.py --compiled): the same line-up with its layers compiled
+
+
 def run_line_up(label: str, line_up, precision: str, data_dir: Path, batches: Batches, opts, log, profile: bool):
+    compiled = precision.endswith(COMPILED)
+    precision = precision.removesuffix(COMPILED)
     contenders = [build_contender(name, arch, data_dir, opts, precision) for name, arch in line_up]
+    if compiled:
+        torch._dynamo.reset()  # the eager line-up's models are gone; so are their graphs
+        for c in contenders:  # the training copy and the decoding copy, each compiled in place
+            compile_ideas(c.trainer.model, backend=opts.compile_backend)
+            compile_ideas(c.decode_model, backend=opts.compile_backend)
     depth = label.split()[0]
     try:
         measure(label, contenders, batches, opts, log)

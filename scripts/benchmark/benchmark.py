@@ -143,7 +143,7 @@ from scripts.benchmark.bench_report import (  # noqa: F401
     publish,
     write_report,
 )
-from scripts.benchmark.bench_run import grn_kernels_status, run_benchmark  # noqa: F401
+from scripts.benchmark.bench_run import COMPILED, grn_kernels_status, run_benchmark  # noqa: F401
 
 LM_DEFAULT_DEPTH = "d6"
 
@@ -232,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-repeats", type=_bounded(int, 0, 50), default=5,
                    help="timings of the 2048^3 matmul for the FLOP/s peak, at start and end, 0..50 "
                    "(default 5; 0: no peak, no MFU)")
+    p.add_argument("--compiled", action="store_true",
+                   help="measure every precision a second time with each model's layers compiled (torch.compile of the "
+                   "idea modules, fairseq_plugins/modules/compiled.py; the baseline's fairseq layers too), reported "
+                   "beside eager as PRECISION+compiled, each against the baseline compiled alike; on the CPU "
+                   "compiling takes minutes per model with inductor")
+    p.add_argument("--compile-backend", choices=["inductor", "aot_eager", "eager"], default="inductor",
+                   help="the torch.compile backend of --compiled (default inductor: C++ on the CPU, Triton on a GPU)")
     p.add_argument("--profile", choices=["none", "misses", "all"], default="none",
                    help="after the rounds of a depth, run torch.profiler on one training step and one decoding "
                    "batch of the baseline and of the families that miss a throughput target there (misses) or "
@@ -286,6 +293,8 @@ def resolve(opts) -> None:
             raise BenchmarkError("--precision fp16 needs --device cuda (fairseq's --fp16 trainer calls .cuda())")
         if len(opts.precisions) > 1:
             raise BenchmarkError("--task lm measures one --precision per run")
+        if opts.compiled:
+            raise BenchmarkError("--compiled is measured for translation (--task translation) only")
         return
     known = registered_families()
     families = opts.family or known
@@ -315,6 +324,8 @@ def resolve(opts) -> None:
     opts.decode_batch_size = min(opts.decode_batch_size, opts.decode_sentences)
     check_device(opts.device)
     opts.precisions = list(dict.fromkeys(opts.precision or DEFAULT_PRECISIONS[opts.device]))
+    if opts.compiled:  # the same line-ups once more, compiled: eager and compiled side by side in one run
+        opts.precisions += [f"{p}{COMPILED}" for p in opts.precisions]
     if opts.device == "cpu" and "fp16" in opts.precisions:
         # fairseq 0.12.3's trainer moves a tensor to CUDA when a float16 step overflows (trainer.py, train_step)
         raise BenchmarkError("--precision fp16 needs --device cuda: fairseq's --fp16 trainer calls .cuda() when a "
