@@ -23,6 +23,7 @@ import functools
 import os
 import pickle
 import re
+import struct
 import typing
 
 import torch
@@ -125,9 +126,10 @@ def explain_load_errors(load):
                 "not one of the types fairseq checkpoints contain, and loading it could run arbitrary code. "
                 "Weights-only loading stays on (fairseq_plugins/checkpoint_safety.py lists what is allowed)."
             ) from None
-        except (RuntimeError, EOFError, OSError, UnicodeDecodeError) as err:
+        except (RuntimeError, EOFError, OSError, UnicodeDecodeError, struct.error) as err:
+            # struct.error: torch's weights-only unpickler reading a length or number past the end of a cut stream
             missing = isinstance(err, FileNotFoundError | PermissionError | IsADirectoryError)
-            if missing or not (isinstance(err, EOFError | UnicodeDecodeError) or _DAMAGE.search(str(err))):
+            if missing or not (isinstance(err, EOFError | UnicodeDecodeError | struct.error) or _DAMAGE.search(str(err))):
                 raise
             raise _corrupt(path, str(err) or type(err).__name__) from err
         mark_stored_args(state, kwargs.get("arg_overrides", args[0] if args else None))

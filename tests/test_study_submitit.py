@@ -59,6 +59,8 @@ def _report(out) -> dict:
     """results.json with OUT_DIR as "OUT" (the runs' commands name their save directory) and without timing."""
     report = json.loads((out / "results.json").read_text().replace(str(out), "OUT"))
     report.pop("command")  # the variables the user set: the executor's among them
+    # runs are listed in the order they finished, which two runs side by side settle by timing, on either path
+    report["runs"] = sorted(report["runs"], key=lambda r: r["name"])
     return _without_timing(report)
 
 
