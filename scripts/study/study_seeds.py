@@ -37,23 +37,19 @@ from scripts.study.study_common import (
     write_json,
     write_text,
 )
+from scripts.study.study_stats import bleu_score, bleu_statistics
 
 Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
 
 
 def sentence_statistics(hyps: list[str], references: list[str]) -> np.ndarray:
-    """BLEU's sufficient statistics of every sentence (sys_len, ref_len, n-gram matches, n-gram totals), from
-    sacrebleu's public sentence scores: summed over any subset they give that subset's corpus BLEU."""
-    bleu = BLEU(effective_order=True)  # effective order changes no statistic; it silences the sentence warning
-    scores = (bleu.sentence_score(h, [r]) for h, r in zip(hyps, references, strict=True))
-    return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.float64)
+    """BLEU's sufficient statistics of every sentence (study_stats.bleu_statistics, sacrebleu's defaults)."""
+    return bleu_statistics(BLEU(), hyps, references)
 
 
 def corpus_bleu(stats: np.ndarray) -> float:
     """Corpus BLEU (sacrebleu's defaults: exp smoothing, order 4) from summed sentence statistics."""
-    n = (stats.shape[-1] - 2) // 2
-    return BLEU.compute_bleu(correct=list(stats[2 : 2 + n]), total=list(stats[2 + n :]), sys_len=int(stats[0]),
-                             ref_len=int(stats[1]), smooth_method="exp", max_ngram_order=n).score  # fmt: skip
+    return bleu_score(BLEU(), stats)
 
 
 def two_level(system: dict[int, np.ndarray], baseline: dict[int, np.ndarray], samples: int, seed: int = 12345) -> dict:

@@ -98,15 +98,29 @@ def _resampled(metric, hyps: list[str], references: list[str], idxs):
     if not isinstance(metric, BLEU):
         stats = np.array(metric._extract_corpus_statistics(hyps, [references]), dtype="float32")
         return np.array([metric._compute_score_from_stats(s.sum(0)).score for s in stats[idxs]])
+    stats = bleu_statistics(metric, hyps, references).astype("float32")  # counts: exact in float32
+    return np.array([bleu_score(metric, sample.sum(0)) for sample in stats[idxs]])
+
+
+def bleu_statistics(metric, hyps: list[str], references: list[str]):
+    """BLEU's sufficient statistics of every sentence (sys_len, ref_len, n-gram matches, n-gram totals; float64),
+    from sacrebleu's public sentence scores: summed over any subset, they give that subset's corpus BLEU."""
+    import numpy as np
+
     sentence_bleu = copy.copy(metric)
     sentence_bleu.effective_order = True  # the statistics do not depend on it; it silences the sentence-level warning
     scores = (sentence_bleu.sentence_score(hyp, [ref]) for hyp, ref in zip(hyps, references, strict=True))
-    stats = np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype="float32")
+    return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype="float64")
+
+
+def bleu_score(metric, stats) -> float:
+    """``metric``'s corpus BLEU from summed sentence statistics (``bleu_statistics``), by ``BLEU.compute_bleu``."""
+    from sacrebleu.metrics import BLEU
+
     n = metric.max_ngram_order
-    return np.array([BLEU.compute_bleu(correct=s[2 : 2 + n], total=s[2 + n :], sys_len=int(s[0]), ref_len=int(s[1]),
-                                       smooth_method=metric.smooth_method, smooth_value=metric.smooth_value,
-                                       effective_order=metric.effective_order, max_ngram_order=n).score
-                     for s in (sample.sum(0) for sample in stats[idxs])])  # fmt: skip
+    return BLEU.compute_bleu(correct=stats[2 : 2 + n], total=stats[2 + n :], sys_len=int(stats[0]),
+                             ref_len=int(stats[1]), smooth_method=metric.smooth_method, smooth_value=metric.smooth_value,
+                             effective_order=metric.effective_order, max_ngram_order=n).score  # fmt: skip
 
 
 def difference_ci(diffs) -> tuple[float, float]:
