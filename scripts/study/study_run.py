@@ -166,7 +166,9 @@ class Study(Console):
             if (not pending_train and not self.train and not self.evals and len(resolved) + len(self.blocked) == len(later)
                     and all(self.is_evaluated(r) or r in self.failed for r in all_runs)):  # fmt: skip
                 self._progress(all_runs, total, skipped, final=True)
-                return [r for r in all_runs if r not in self.failed]
+                # in the grid's order (as REPORT_ONLY lists them), not the order the later seeds' settings were chosen
+                ordered = tuning + [resolved[r] for r in later if r in resolved]
+                return [r for r in ordered if r not in self.failed]
             time.sleep(0.5 if self.hook else 2.0)
 
     def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
