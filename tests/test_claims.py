@@ -4,7 +4,8 @@ every claim written in the README and under docs/ re-checked against the committ
 A sentence of a reading that states a comparison or a number carries a claim comment
 (``<!-- claim STUDY: KIND ARGS -->``); when the records do not support it, this test fails and names the file,
 the line, the claim and what the records say instead. The README's findings must carry claims (one per bullet
-at least): prose there without a claim fails too."""
+at least): prose there without a claim fails too. So does a study README whose reading, its one
+``## What the numbers say`` section, has a paragraph or bullet without a claim."""
 
 import re
 
@@ -124,3 +125,53 @@ def test_the_study_index_cites_a_claim_for_every_study():
     assert len(rows) >= 13
     bare = [row.split(" | ")[1] for row in rows if not sc.find_claims(row)]
     assert not bare, f"study rows without a claim: {bare}"
+
+
+READING = re.compile(r"^## What the numbers say( \(.+\))?$")
+STUDY_READMES = sorted(STUDY_ROOT.glob("*/README.md"))
+
+
+def _reading_units(text: str) -> list[str]:
+    """The prose units of a study README's reading: every paragraph (consecutive non-blank lines) and every bullet
+    under ``## What the numbers say`` up to the next ``## `` heading. Tables and fenced code blocks are not prose
+    and are left out; a paragraph that holds only claim comments is not prose either (it needs no claim), and it
+    lends none to its neighbours: each paragraph carries its own."""
+    lines = text.split("## What the numbers say", 1)[1].split("\n")[1:]
+    units, current, fenced = [], [], False
+    for line in lines:
+        if line.startswith("## "):
+            break
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if fenced or line.lstrip().startswith("|"):
+            continue
+        if not line.strip():
+            current = []
+            continue
+        if re.match(r"\s*([-*+]|\d+[.)])\s", line) or not current:
+            current = [line]
+            units.append(current)
+        else:
+            current.append(line)
+    texts = ["\n".join(unit) for unit in units]
+    return [u for u in texts if sc.CLAIM.sub("", u).strip()]
+
+
+@pytest.mark.parametrize("readme", STUDY_READMES, ids=[p.parent.name for p in STUDY_READMES])
+def test_every_study_reading_is_bound_to_claims(readme):
+    """A study README has one reading, ``## What the numbers say`` (a parenthesis may follow), and every paragraph
+    and bullet of it carries at least one claim comment: a sentence with no claim cannot be re-checked."""
+    text = readme.read_text(encoding="utf-8")
+    headings = [line for line in text.splitlines() if line.startswith("## What the numbers say")]
+    assert len(headings) == 1 and READING.match(headings[0]), f"one '## What the numbers say' heading, not {headings}"
+    bare = [u.strip().split("\n", 1)[0][:100] for u in _reading_units(text) if not sc.find_claims(u)]
+    assert not bare, f"reading paragraphs or bullets without a claim: {bare}"
+
+
+def test_a_reading_paragraph_without_a_claim_is_found():
+    text = ("# t\n\n## What the numbers say (x)\n\nBound. <!-- claim s: ahead a -->\n\n- bullet one\n  goes on\n"
+            "- bullet two <!-- claim s: behind b -->\n\n<!-- claim s: level c 1 -->\n\n| table | 1 |\n\n```\ncode\n```\n"
+            "\n## Next\n\nUnbound after the reading.\n")  # fmt: skip
+    bare = [u for u in _reading_units(text) if not sc.find_claims(u)]
+    assert bare == ["- bullet one\n  goes on"]
