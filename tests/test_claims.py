@@ -77,6 +77,17 @@ def test_values_match_to_the_digits_written():
     assert _check(records, "stopped pre.warmup.lr0.001.wu400.s1 patience") is not None
 
 
+def test_values_reach_interval_bounds_and_any_results_file():
+    records = _records(("a", 1, 1.234, 0.5, 2.0))
+    assert _check(records, "value diff.a.1.bleu_ci.low 0.5") is None and _check(records, "value diff.a.1.bleu_ci.high 2") is None
+    assert _check(records, "value diff.a.1.bleu_ci.high 2.1") is not None
+    seeds = sc.Records({"models": [{"arch": "m", "detectable": {"5": 1.549}, "ci": [-2.19, 0.24]}]})
+    assert _check(seeds, "value at.models.m.detectable.5 1.55") is None and _check(seeds, "value at.models.m.ci.low -2.19") is None
+    for text in ("value at.models.nobody.ci.low 1", "value at.models.m.ci 1", "value diff.a.1.bleu_ci.middle 1"):
+        with pytest.raises(sc.ClaimError):
+            _check(seeds if "at." in text else records, text)
+
+
 def test_malformed_claims_are_errors_not_passes():
     records = _records(("a", 1, 1.0, 0.5, 2.0))
     for text in ("ahaed a", "ahead", "ahead nobody", "value models.a 1", "level a"):

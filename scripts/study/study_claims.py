@@ -29,7 +29,9 @@ defaults to bleu for translation and ppl for language models, where lower is bet
 - ``value PATH NUMBER``: a number of the records, rounded to NUMBER's decimals, equals NUMBER. ``PATH`` is
   ``models.SYSTEM.KEY`` (the model row at its chosen setting: bleu, chrf, valid_loss, ppl, ...),
   ``runs.RUN.KEY`` (best_valid_loss, bleu, updates, ...), ``diff.SYSTEM.SEED.KEY`` (the comparison SYSTEM names, in
-  seed SEED: bleu_diff, bleu_p, ppl_diff, ...) or ``count.KIND.METRIC`` (how many systems satisfy a kind).
+  seed SEED: bleu_diff, bleu_p, ppl_diff, ...; ``bleu_ci.low`` and ``bleu_ci.high`` the bounds of its interval),
+  ``count.KIND.METRIC`` (how many systems satisfy a kind) or ``at.KEY.KEY...`` (any number of a results file
+  such as seeds.json, by its keys; in a list of rows, the row whose ``arch`` or ``name`` is the key).
 """
 
 import json
@@ -177,19 +179,42 @@ def _value(records: Records, path: str) -> float:
         if head == "runs" and len(parts) >= 3:
             # run names hold dots (lr0.008): the key is the last part
             return records.run(".".join(parts[1:-1]))[parts[-1]]
-        if head == "diff" and len(parts) == 4:
+        if head == "diff" and len(parts) in (4, 5):
             found, against = records._comparisons(parts[1])
             for c in found:
                 if str(c["key"][-1]) == parts[2]:
-                    return c[parts[3]]
+                    return _walk(c[parts[3]], parts[4:], path)
             raise ClaimError(f"no comparison of {parts[1]} with {against} in seed {parts[2]}")
+        if head == "at" and len(parts) >= 2:
+            return _walk(records.results, parts[1:], path)
         if head == "count" and len(parts) in (2, 3):
             metric = records.metric(parts[2] if len(parts) == 3 else None)
             systems = [m["arch"] for m in records.results["models"][1:]]
             return sum(classify(records.intervals(s, metric), records.margin) == parts[1] for s in systems)
     except KeyError as err:
         raise ClaimError(f"the records have no {err} for {path}") from None
-    raise ClaimError(f"unknown path {path!r} (models.ARCH.KEY, runs.RUN.KEY, diff.ARCH.SEED.KEY, count.KIND[.METRIC])")
+    raise ClaimError(f"unknown path {path!r} (models.ARCH.KEY, runs.RUN.KEY, diff.ARCH.SEED.KEY[.low|.high], "
+                     "count.KIND[.METRIC], at.KEY...)")
+
+
+def _walk(value, keys: list[str], path: str):
+    """``value`` followed down ``keys``: a dict's key; in an interval ``[low, high]``, ``low`` or ``high``; in a list
+    of rows, the row whose ``arch`` (or ``name``) is the key."""
+    for key in keys:
+        if isinstance(value, dict):
+            value = value[key]
+        elif isinstance(value, list) and len(value) == 2 and key in ("low", "high"):
+            value = value[0 if key == "low" else 1]
+        elif isinstance(value, list):
+            rows = [row for row in value if isinstance(row, dict) and key in (row.get("arch"), row.get("name"))]
+            if len(rows) != 1:
+                raise ClaimError(f"no single row {key!r} on the path {path}")
+            value = rows[0]
+        else:
+            raise ClaimError(f"{path} goes past a number at {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ClaimError(f"{path} is not a number in the records")
+    return value
 
 
 def check(claim: Claim, records: Records) -> str | None:
