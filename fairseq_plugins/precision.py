@@ -11,10 +11,13 @@ it is. Under ``--autocast-dtype bfloat16``:
   ``--model-overrides "{'autocast_dtype': 'none'}"``): matrix products run in bfloat16;
 - parameters, gradients and optimizer state stay float32 (the model is never cast; fairseq's FP32 optimizer);
 - the numerically sensitive parts run in float32 with autocast switched off inside them (``Float32Forward``):
-  every LayerNorm (its statistics; PyTorch's CUDA autocast does this for ``layer_norm``, its CPU autocast does
-  not, so the plugin does it on both), DCA's GRNs (the gates and the depth mix; on the CPU in float32 they
-  also keep the fused kernels), DenseFormer's and DLCL's depth weights, LAuReL's mixing, and any module that
-  declares ``autocast_float32 = True`` (the extension point for softmax over depth, Sinkhorn, ...);
+  every module class an axis choice declares in its ``float32`` (axes/__init__.py; read through
+  ``axes.declarations()``): every LayerNorm (its statistics; PyTorch's CUDA autocast does this for
+  ``layer_norm``, its CPU autocast does not, so the plugin does it on both) and RMSNorm, DCA's GRNs (the gates
+  and the depth mix; on the CPU in float32 they also keep the fused kernels), DenseFormer's and DLCL's depth
+  weights, LAuReL's mixing; and any module that declares ``autocast_float32 = True`` (the extension point for
+  softmax over depth, Sinkhorn, ...). The computations a choice's own modules keep in float32 themselves are the
+  strings of its ``float32`` (docs/grid.md lists them per choice);
 - the loss is float32 (fairseq's criteria take ``log_softmax(logits.float())``), and the decoder returns its
   output logits as float32;
 - the residual stream stays float32 by type promotion (float32 embedding + bfloat16 sublayer output), and so
@@ -37,6 +40,7 @@ model without the option (the benchmark's fairseq LM baseline) calls ``enable_au
 import torch
 from torch import nn
 
+from .axes import declarations
 from .validation import PluginOptionError, argparse_type, check_choice
 
 AUTOCAST_DTYPES = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,15 +138,11 @@ class Float32Forward:
 
 
 def float32_module_types() -> tuple[type, ...]:
-    """The plugin's modules that always run in float32 under autocast (besides ``autocast_float32 = True``)."""
-    from .modules.depth_aggregation import (
-        DepthWeightedAverages,
-        DynamicLinearCombination,
-    )
-    from .modules.grn import GRN
-    from .modules.laurel import LaurelConnection
-
-    return (nn.LayerNorm, nn.RMSNorm, GRN, DepthWeightedAverages, DynamicLinearCombination, LaurelConnection)
+    """The module classes that always run in float32 under autocast (besides ``autocast_float32 = True``): those
+    every axis choice declares in its ``float32``, whichever choices the model makes (a module runs in float32
+    wherever it is built)."""
+    declared = (item for table in declarations().values() for choice in table.values() for item in choice.float32)
+    return tuple(dict.fromkeys(item for item in declared if isinstance(item, type)))
 
 
 def _is_float32_module(module: nn.Module, types: tuple[type, ...]) -> bool:

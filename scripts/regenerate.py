@@ -9,7 +9,8 @@ What it writes, and what from (tests/test_generated_docs.py fails while any of t
                                       (axes/*.py), the options beside the axes (``axes_transformer.SWITCHED_OPTIONS``,
                                       ``--autocast-dtype``), the criterion's; then the fairseq options each choice
                                       refuses, found by asking the choice's own check
-    docs/grid.md                      every combination of the axes: works, or the refusal ``check_compatible`` gives
+    docs/grid.md                      every combination of the axes: works, or the refusal ``check_compatible`` gives;
+                                      and every choice's declared capabilities (``axes.CAPABILITIES``)
     README.md  (axes table)           the residual x depth-aggregation part of that grid
     docs/architectures.md (names)     every family of ``--arch`` names from the preset tables (models/presets.py,
                                       models/families.py, lm/presets.py) and what each sets
@@ -359,7 +360,38 @@ def grid_md() -> str:
         lines.append("")
     lines += ["## Why not", ""]
     lines += [f"{n}. {reason}" for reason, n in reasons.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *capability_lines()]) + "\n"
+
+
+def supported(reason: str | None) -> str:
+    return "yes" if reason is None else f"no: {reason}"
+
+
+def capability_lines() -> list[str]:
+    """One row per declared choice (the axes and ``--value-residual``): what it supports and why not."""
+    rows = []
+    for axis, choices in axes.declarations().items():
+        for choice in choices.values():
+            float32 = [item.__name__ if isinstance(item, type) else item for item in choice.float32]
+            speed = [f"{s.metric} {s.op} {s.bound}" + (f" at {s.depth}" if s.depth else "") for s in choice.speed]
+            rows.append([f"`{flag(axis)} {choice.name}`", supported(choice.prunes), supported(choice.scripts),
+                         supported(choice.activation_checkpointing), supported(choice.double_backward),
+                         "; ".join(float32) or "-", ", ".join(speed) or "-",
+                         f"`{choice.preset}`" if choice.preset else "-", choice.paper or "-",
+                         choice.code or "-"])  # fmt: skip
+    return [
+        "## What each choice supports",
+        "",
+        ("Declared on each choice (`fairseq_plugins/axes/`, the capabilities of `axes/__init__.py`) and read by the "
+         "tests, `precision.py` and the benchmark's targets: layer pruning (`--*-layers-to-keep`), TorchScript, "
+         "activation checkpointing and a double backward (yes, or why not: the error's reason), what stays float32 "
+         "under autocast (module classes run in float32; computations the choice's modules keep in float32), the "
+         "benchmark's bounds on the ratio to Pre-LN (measured on the preset), the paper and the authors' code. "
+         "A combination prunes (scripts) when all its choices do."),
+        "",
+        *table(["choice", "prunes", "scripts", "activation checkpointing", "double backward", "float32",
+                "speed target", "preset", "paper", "code"], rows),
+    ]  # fmt: skip
 
 
 def readme_axes_table() -> str:

@@ -15,6 +15,9 @@ import sys
 
 import pytest
 
+from fairseq_plugins.axes import declarations
+from fairseq_plugins.models.presets import PRESETS
+
 from .helpers import run
 
 CONTROL = "transformer"
@@ -22,10 +25,15 @@ CASES = ["beam", "sampling", "prefix", "diverse_beam", "constraints", "validate"
          "prune_train_generate"]  # fmt: skip
 # fairseq's failures, shown once on the control (each also fails for every family: the code is fairseq's)
 CONTROL_ONLY = ["sampling_topp", "diverse_beam_batches", "score_reference_interactive", "prune_load_encoder"]
-# families that refuse layer pruning (DCA's GRNs and DenseFormer's weights are sized by layer position, DeepNet's
-# alpha follows the depth), and those that also refuse fairseq's LayerDrop, which the training case uses
-REFUSES_PRUNING = ("dca", "deepnet", "denseformer")
+# the preset families of the choices that declare they refuse layer pruning (``prunes``: DCA's GRNs and
+# DenseFormer's weights are sized by layer position, DeepNet's alpha follows the depth, ...), and the families
+# that also refuse fairseq's LayerDrop, which the training case uses
+REFUSES_PRUNING = frozenset(c.preset for table in declarations().values() for c in table.values() if c.prunes and c.preset)
 REFUSES_LAYERDROP = ("dca", "denseformer")
+
+
+def refuses_pruning(arch: str) -> bool:
+    return arch in PRESETS and PRESETS[arch].family in REFUSES_PRUNING
 PRUNING_CASES = {"prune_load", "prune_train"}
 TRAIN_PRUNING_BUG = (
     "fairseq 0.12.3: fairseq-train parses --encoder-layers-to-keep as List[int] (TransformerConfig) but "
@@ -46,7 +54,7 @@ FAIRSEQ_BUGS = {
 
 def cases_of(arch: str) -> list[str]:
     cases = CASES + (CONTROL_ONLY if arch == CONTROL else ["prune_load_encoder"] if "crossformer_hg" in arch else [])
-    return [c for c in cases if not (arch.startswith(REFUSES_PRUNING) and c == "prune_train_generate")]
+    return [c for c in cases if not (refuses_pruning(arch) and c == "prune_train_generate")]
 
 
 def params(archs: list[str]):
@@ -93,7 +101,7 @@ def targets(stdout: str) -> dict[int, list[str]]:
 
 def check_case(outcomes, arch: str, case: str) -> None:
     outcome = outcomes(arch)[case]
-    if arch.startswith(REFUSES_PRUNING) and case in PRUNING_CASES:
+    if refuses_pruning(arch) and case in PRUNING_CASES:
         assert not outcome["ok"] and "layers-to-keep cannot be used with" in outcome["error"], outcome
         assert "PluginOptionError" in outcome["error"]
         return

@@ -1,12 +1,16 @@
 """Activation checkpointing (fairseq's ``--checkpoint-activations``) for the 2024-26 choices: where a layer is a
 function of its inputs alone, recomputing it in backward gives the same gradients; where the layers share a
 state across the stack (AttnRes's blocks, MUDD's outputs, the value residual's v_1), the option is refused
-when the model is built, naming it and the choice, for translation and language models alike. The older
-families are checked in their own test files (test_agg_baselines, test_norm_baselines, test_residual, test_dca)."""
+when the model is built, naming it and the choice, for translation and language models alike. Which is which is
+each choice's declaration (``activation_checkpointing``), over the presets of the 2024-26 ideas (models/families.py
+NEW_IDEAS); the older families are checked in their own test files (test_agg_baselines, test_norm_baselines,
+test_residual, test_dca), and every declared refusal's message in tests/test_declarations.py."""
 
 import pytest
 import torch
 
+from fairseq_plugins.axes import declarations
+from fairseq_plugins.models.families import NEW_IDEAS
 from fairseq_plugins.validation import PluginOptionError
 
 from .helpers import build_model, parameter_gradients, random_batch
@@ -14,10 +18,19 @@ from .lm_helpers import binarize_lm, build_lm, make_lm_corpus
 from .new_ideas_common import randomize_
 
 DEPTH = ["--encoder-layers", "3", "--decoder-layers", "2", "--dropout", "0"]
-STATELESS = ["frac_e6d6", "mhc_e6d6", "mhc_lite_e6d6", "periln_e6d6", "mixln_e6d6", "hybridnorm_e6d6", "dyt_e6d6",
-             "derf_e6d6", "layerscale_e6d6", "rezero_e6d6", "ortho_e6d6"]  # fmt: skip
-SHARED_STATE = {"attnres_e6d6": "--depth-aggregation attnres", "attnres_block_e6d6": "--depth-aggregation attnres-block",
-                "mudd_e6d6": "--depth-aggregation mudd", "value_residual_e6d6": "--value-residual"}  # fmt: skip
+
+
+def refusing_choice(settings: dict) -> type | None:
+    """The first choice a preset sets that declares it refuses activation checkpointing, None if none does."""
+    tables = declarations()
+    chosen = [tables[option][value] for option, value in settings.items() if option in tables]
+    return next((c for c in chosen if c.activation_checkpointing is not None), None)
+
+
+# each new idea's preset: its layers are recomputed with the same gradients, or the choice that refuses is named
+STATELESS = [f"{prefix}_e6d6" for prefix, settings in NEW_IDEAS.items() if refusing_choice(settings) is None]
+SHARED_STATE = {f"{prefix}_e6d6": refusing_choice(settings).label() for prefix, settings in NEW_IDEAS.items()
+                if refusing_choice(settings) is not None}  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", STATELESS)

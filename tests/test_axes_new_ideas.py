@@ -13,6 +13,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from fairseq_plugins.axes import IncompatibleChoices
+from fairseq_plugins.models.families import NEW_IDEAS
 from fairseq_plugins.modules.derf import DynamicErf
 from fairseq_plugins.modules.dyt import DynamicTanh
 from fairseq_plugins.modules.hybrid_norm import NormedProjection
@@ -32,7 +33,7 @@ from .helpers import (
 )
 from .lm_helpers import parse_lm_args, save_checkpoint
 
-FAMILIES = ("layerscale", "rezero", "ortho", "periln", "mixln", "hybridnorm", "hybridnorm_star", "dyt", "derf", "value_residual", "mhc", "mhc_lite", "frac", "attnres", "attnres_block", "mudd")
+FAMILIES = tuple(NEW_IDEAS)  # every preset of the 2024-26 ideas, as the preset table names them
 SHAPE = ["--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"]
 
 

@@ -6,13 +6,15 @@ Sinkhorn normalisation and the RMS-scaled coefficient product treat saved forwar
 Each would give a wrong second derivative, so each is once-differentiable, as the fused kernels already were.
 The error is reached however the second derivative is asked for: by ``.backward()``, and by
 ``torch.autograd.grad(penalty, params)``, which runs only the nodes that lead to ``params``. The multi-stream
-kernels' message points to their twice-differentiable PyTorch code where hyper-connections have it.
+kernels' message points to their twice-differentiable PyTorch code where hyper-connections have it. Every
+choice that declares a once-differentiable backward (``double_backward``) has a case here naming its module.
 """
 
 import pytest
 import torch
 from torch import nn
 
+from fairseq_plugins.axes import declarations
 from fairseq_plugins.kernels import grn_kernel, mhc_kernel
 from fairseq_plugins.modules.attn_res import AttentionResiduals
 from fairseq_plugins.modules.grn import GRNv3
@@ -71,9 +73,28 @@ CASES = {"attnres_full": (_attn_res(1), "attn_res.py"), "attnres_block": (_attn_
          "mudd": (_mudd(), "muddformer.py"), "mhc_sinkhorn": (_sinkhorn, "mhc.py"),
          "rms_project_t": (_rms_project, "skinny.py"), "grn_kernel": (_grn(True), "grn.py"),
          "grn_pytorch": (_grn(False), "grn.py")}  # fmt: skip
+# the choices each case stands for (the multi-stream kernels' case is the test of them at the end)
+COVERS = {"attnres_full": ("--depth-aggregation attnres",), "attnres_block": ("--depth-aggregation attnres-block",),
+          "mudd": ("--depth-aggregation mudd",), "mhc_sinkhorn": ("--depth-aggregation mhc",),
+          "rms_project_t": ("--depth-aggregation mhc", "--depth-aggregation mhc-lite"),
+          "grn_kernel": ("--depth-aggregation dca", "--depth-aggregation dca-k"),
+          "grn_pytorch": ("--depth-aggregation dca", "--depth-aggregation dca-k"),
+          "multi_stream_kernels": ("--depth-aggregation hc-static", "--depth-aggregation hc-dynamic")}  # fmt: skip
+MODULE_OF = {**{name: module for name, (_, module) in CASES.items()}, "multi_stream_kernels": "mhc_ops.py"}
 # a squared loss sends gradients that carry a graph; a plain sum sends constants, which must not make the
 # function's own second-order term vanish
 LOSSES = {"square": lambda y: y.square().sum(), "sum": lambda y: y.sum()}
+
+
+def test_every_declared_once_differentiable_choice_has_a_case_naming_its_module():
+    declared = {c.label(): c.double_backward for table in declarations().values() for c in table.values()}
+    covered = {label for labels in COVERS.values() for label in labels}
+    once = {label for label, reason in declared.items() if reason is not None}
+    assert once == covered, (f"declared once-differentiable without a case: {sorted(once - covered)}; a case for "
+                             f"a choice declaring a second derivative: {sorted(covered - once)}")
+    for case, labels in COVERS.items():
+        for label in labels:  # the declaration names the module whose backward has no second derivative
+            assert MODULE_OF[case] in declared[label], (label, MODULE_OF[case])
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))

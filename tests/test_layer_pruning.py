@@ -1,7 +1,7 @@
 """Layer pruning (fairseq's --encoder-layers-to-keep / --decoder-layers-to-keep) keeps, for every kept layer,
 exactly the weights it was trained with, including Crossformer-HG's tied projections; what cannot be pruned
-is refused with a clear error; per axis choice of ``residual_axes`` too (PRUNING), over each choice alone and a
-sample of combinations (tests/grid_sample.py; the whole grid with ALL_FAMILIES=1). The CLI paths
+is refused with a clear error; per axis choice of ``residual_axes`` too (as each choice declares in ``prunes``),
+over each choice alone and a sample of combinations (tests/grid_sample.py; the whole grid with ALL_FAMILIES=1). The CLI paths
 (fairseq-generate --model-overrides, fairseq-train --restore-file) are in tests/test_fairseq_parity.py."""
 
 import copy
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fairseq_plugins.axes import tables
+from fairseq_plugins.axes.aggregation import DCA
 from fairseq_plugins.axes.grid import AXES
 from fairseq_plugins.modules.cross_layer_guidance import TiedLinear
 from fairseq_plugins.validation import PluginOptionError
@@ -206,8 +207,10 @@ def test_wiring_baselines_prune_like_fairseq_keeping_every_layers_state(arch):
         assert bool(pruned.admin_profiled) and any("omega_init" in k for k in layer_state(pruned.encoder.layers[0]))
 
 
-DEPTH_INDEXED = ["deepnet_e6d6", "denseformer_e6d6", "dlcl_e6d6", "laurel_rw_e6d6", "laurel_lr_e6d6", "laurel_pa_e6d6",
-                 "hc_static_e6d6", "hc_dynamic_e6d6"]  # fmt: skip
+# the legacy families (a model of their own before issue 26) whose choice declares it refuses pruning; DCA has its
+# own test above
+DEPTH_INDEXED = [f"{c.preset}_e6d6" for table in tables().values() for c in table.values()
+                 if c.prunes and getattr(c, "family", "") and not issubclass(c, DCA)]  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", DEPTH_INDEXED)
@@ -223,31 +226,27 @@ def test_depth_dependent_families_refuse_pruning_in_training_and_as_a_load_time_
         type_of(arch).build_model(args, TASK)
 
 
-# per axis choice of residual_axes: None = fairseq's pruning keeps every kept layer's weights, else what the
-# PluginOptionError naming --encoder/--decoder-layers-to-keep says. A combination prunes when all its choices do;
-# else the first refusing choice in axis order is named (docs/layer_pruning_torchscript.md says why for each)
-POSITIONAL = "(--depth-aggregation {}): its weights are sized and indexed"
-STREAMS = "--depth-aggregation {}: its weights are sized and indexed"  # the 2024-26 aggregations (axes/aggregation_streams.py)
+def refusal(choice) -> str | None:
+    """What the PluginOptionError naming --encoder/--decoder-layers-to-keep says for a choice alone, from its
+    declaration (``prunes``: None = fairseq's pruning keeps every kept layer's weights, else the reason)."""
+    if choice.prunes is None:
+        return None
+    # DCA's check (models/dca_transformer.check_dca_args) names its legacy model alone, the others who() they are
+    who = choice.family if issubclass(choice, DCA) else choice.who()
+    return f"cannot be used with {who}: {choice.prunes}"
+
+
+# per axis choice of residual_axes, as declared. A combination prunes when all its choices do; else the first
+# refusing choice in axis order is named (docs/grid.md lists each choice's reason)
 PRUNING: dict[str, dict[str, str | None]] = {
-    "residual": {"pre": None, "post": None, "resi-dual": None, "admin": None, "tfixup": None, "b2t": None,
-                 "normformer": None, "deepnet": "cannot be used with deepnet_transformer (--residual deepnet): DeepNorm's alpha",
-                 "layerscale": None, "rezero": None, "orthogonal": None, "peri": None, "hybrid": None,
-                 "mix": "cannot be used with --residual mix: Mix-LN's Post-LN layers are the first floor(alpha L)"},
-    "depth_aggregation": {"none": None, "dca": "cannot be used with dca_transformer: every layer owns GRNs sized by",
-                          "dca-k": "cannot be used with dca_transformer: every layer owns GRNs sized by",
-                          **{name: POSITIONAL.format(name) for name in ("denseformer", "dlcl", "laurel-rw", "laurel-lr",
-                                                                        "laurel-pa", "hc-static", "hc-dynamic")},
-                          **{name: STREAMS.format(name) for name in ("mhc", "mhc-lite", "attnres", "attnres-block",
-                                                                     "frac", "mudd")}},
-    "tying": {"none": None, "key-query": None, "ffn": None, "value": None, "all": None},
-    "norm": {"layernorm": None, "rmsnorm": None, "dyt": None, "derf": None},
-}  # fmt: skip
+    axis: {name: refusal(choice) for name, choice in table.items()} for axis, table in tables().items()
+}
 SAMPLE = choice_sample()
 
 
 def test_every_axis_choice_states_what_pruning_does():
-    missing = {axis: sorted(set(table) - set(PRUNING.get(axis, {}))) for axis, table in tables().items()}
-    assert not any(missing.values()), f"say in PRUNING whether these choices prune (and in the docs page): {missing}"
+    undeclared = [c.label() for table in tables().values() for c in table.values() if not isinstance(c.prunes, str | None)]
+    assert not undeclared, f"declare prunes (None or the reason) on these choices: {undeclared}"
 
 
 @pytest.mark.parametrize("combo", SAMPLE, ids=[combo_id(c) for c in SAMPLE])

@@ -28,6 +28,36 @@ unless a rule below says how they compose. The parts:
                hyper-connections.
     "layer"    the layer's forward: a residual choice that builds its own layer class (DeepNet, Admin, ...)
                or an aggregation choice whose layers read their inputs differently (DCA, hyper-connections).
+
+Every other fact about a choice is declared on it, once, as a class attribute (``CAPABILITIES``); the tests, the
+precision module, the benchmark's targets and the generated docs read them (``declarations()``) instead of
+keeping their own tables:
+
+    paper       the paper: an arXiv (or venue) link, or its title where no link is known; "" for none
+    code        the authors' code: a repository URL, "" where they published none (or none is known here)
+    preset      the named family (arch-name prefix of models/families.py) that is this choice on the Pre-LN
+                defaults, the name the benchmark measures and the tests build; None: no such preset
+    prunes      None: fairseq's --*-layers-to-keep keeps every kept layer's weights; else why it is refused
+                (the text after the colon of the error, which names the option and the choice)
+    scripts     None: the model compiles with torch.jit.script; else why not (TorchScriptUnsupportedError
+                names the class)
+    activation_checkpointing
+                None: --checkpoint-activations recomputes each layer with the same gradients; else why it is
+                refused (the text after the colon of ``refuse_checkpointing``'s error)
+    double_backward
+                None: autograd's own second derivative (create_graph=True) holds; else which hand-written
+                backward has none (it raises "no second derivative" naming its module)
+    float32     what stays float32 in half precision: nn.Module classes that precision.py runs in float32 with
+                autocast off under --autocast-dtype (every instance, wherever built), and strings naming
+                computations the choice's own modules keep in float32 themselves (under --fp16 too)
+    speed       the benchmark's bounds on this choice's ratio to the matched Pre-LN baseline (``Speed``; the
+                classes ``KEEPS_PACE``, ``AGGREGATES``, ``MATCHES``), measured as its ``preset``; () = no target
+
+None of them is inherited from an abstract base (``Choice``, ``Residual``, ``Aggregation``, ...): those hold
+``UNDECLARED``, so a new choice that forgets one fails tests/test_declarations.py rather than silently taking
+a neighbour's value. A choice may inherit from the choice it is a variant of (``dca-k`` from ``dca``, the
+LAuReL, HC, mHC-lite and Block AttnRes variants, the tying choices from ``key-query``...): the same modules,
+the same facts, overridden where they differ.
 """
 
 from collections.abc import Callable
@@ -66,14 +96,61 @@ class Option:
             setattr(args, self.name, self.check(self.name, value, *self.bounds))
 
 
+class _Undeclared:
+    """The value of a capability no choice has declared yet (module docstring): never a valid declaration."""
+
+    def __repr__(self) -> str:
+        return "UNDECLARED"
+
+    def __bool__(self) -> bool:
+        raise TypeError("a capability read before its choice declared it (axes/__init__.py: CAPABILITIES)")
+
+
+UNDECLARED = _Undeclared()
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A bound on a choice's ratio to the matched Pre-LN baseline in scripts/benchmark (``Target`` there).
+
+    metric: train / decode (throughput ratio), memory (peak-memory ratio), or train_flat (training ratio at the
+    deepest measured depth over the ratio at the shallowest); depth: a depth name, or None for every depth.
+    """
+
+    metric: str
+    op: str  # ">=", "<=" or "<"
+    bound: float
+    depth: str | None = None
+
+
+# issue 27, item 3: ideas that add no matrix products keep pace with Pre-LN at every depth; ideas that aggregate
+# several streams or earlier layers reach 0.90 at E12D12; issue 15, item 1: the project's first families match it
+KEEPS_PACE = (Speed("train", ">=", 0.97), Speed("decode", ">=", 0.97))
+AGGREGATES = (Speed("train", ">=", 0.90, "e12d12"), Speed("decode", ">=", 0.90, "e12d12"))
+MATCHES = (Speed("train", ">=", 0.98), Speed("decode", ">=", 0.98))
+
+CAPABILITIES = ("paper", "code", "preset", "prunes", "scripts", "activation_checkpointing", "double_backward",
+                "float32", "speed")  # fmt: skip
+
+
 class Choice:
     """One choice on one axis. Subclasses set the class attributes and override what they need."""
 
     axis: str = ""  # the option, e.g. "residual"
     name: str = ""  # its value on the command line
-    source: str = ""  # the paper (and code) it follows
+    source: str = ""  # the paper (and code) it follows, as its options' help and its errors cite it
     owns: frozenset = frozenset()  # the parts of the model it owns (module docstring)
     options: tuple[Option, ...] = ()  # its own options
+    # its capabilities (module docstring): every choice declares each one itself
+    paper: str = UNDECLARED
+    code: str = UNDECLARED
+    preset: str | None = UNDECLARED
+    prunes: str | None = UNDECLARED
+    scripts: str | None = UNDECLARED
+    activation_checkpointing: str | None = UNDECLARED
+    double_backward: str | None = UNDECLARED
+    float32: tuple = UNDECLARED
+    speed: tuple[Speed, ...] = UNDECLARED
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -145,6 +222,14 @@ def tables() -> dict[str, dict[str, type]]:
     from .tying import TYINGS
 
     return {"residual": RESIDUALS, "depth_aggregation": AGGREGATIONS, "tying": TYINGS, "norm": NORMS}
+
+
+def declarations() -> dict[str, dict[str, type]]:
+    """Every table of declared choices: the four axes, and ``--value-residual``'s (an option beside them,
+    axes/value_residual.py), whose choices declare the same capabilities."""
+    from .value_residual import VALUE_RESIDUALS
+
+    return {**tables(), "value_residual": VALUE_RESIDUALS}
 
 
 def resolve(args) -> Plan:

@@ -16,22 +16,28 @@ A stream-carry interface for the next ideas (mHC, frac-connections, AttnRes, MUD
 """
 
 from ..models.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
-from ..modules.depth_aggregation import DLCL_INITS
+from ..modules.depth_aggregation import (
+    DLCL_INITS,
+    DepthWeightedAverages,
+    DynamicLinearCombination,
+)
 from ..modules.depth_stack import DCA_MODES
+from ..modules.grn import GRN
 from ..modules.hyper_connections import MODES as HC_MODES
-from ..modules.laurel import RW_NORMS, VARIANTS
+from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
 from ..validation import PluginOptionError, check_choice, check_int
-from . import Choice, Option, set_defaults
+from . import AGGREGATES, Choice, Option, Speed, set_defaults
+
+# the declared reasons shared by the layer-stack choices (each choice declares them itself)
+POSITION_INDEXED = "its weights are sized and indexed by each layer's position in the stack"
+LAYER_LOOP = "its layer loop threads state through hooks TorchScript cannot compile"  # models/layer_stack.py's
 
 
-def check_position_indexed(args, who: str) -> None:
+def check_position_indexed(args, who: str, why: str = POSITION_INDEXED) -> None:
     """Reject what a stack whose weights are indexed by layer position cannot run, naming the option."""
     for side in ("encoder", "decoder"):
         if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0 or getattr(args, f"{side}_layers_to_keep", None):
-            raise PluginOptionError(
-                f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with {who}: its weights are "
-                "sized and indexed by each layer's position in the stack"
-            )
+            raise PluginOptionError(f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with {who}: {why}")
     if getattr(args, "cross_self_attention", False):
         raise PluginOptionError(f"--cross-self-attention cannot be used with {who}")
 
@@ -61,7 +67,7 @@ class Aggregation(Choice):
 
     @classmethod
     def check(cls, args) -> None:
-        check_position_indexed(args, cls.who())
+        check_position_indexed(args, cls.who(), cls.prunes)
         for side in ("encoder", "decoder"):
             layers = getattr(args, f"{side}_layers", None)  # None: a language model has no encoder
             if layers is not None and int(layers) < cls.min_layers:
@@ -100,6 +106,9 @@ class Aggregation(Choice):
 
 class NoAggregation(Aggregation):
     name, source = "none", "the residual stream alone (fairseq's layer loop)"
+    paper, code, preset = "", "", None  # the default: every preset without an aggregation
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
 
     @classmethod
     def check(cls, args) -> None:
@@ -117,6 +126,15 @@ class DCA(Aggregation):
     name, source, family = "dca", "DeepCrossAttention (arXiv:2502.06785)", "dca_transformer"
     owns, own_layers = frozenset({"stream", "layer"}), True
     default_k = 0
+    paper, code, preset = "https://arxiv.org/abs/2502.06785", "", "dca"
+    # the texts of models/dca_transformer.py's refusals (check_dca_args, _DCAStack)
+    prunes = "every layer owns GRNs sized by its position in the stack"
+    scripts = ("DeepCrossAttention's GRNs and depth stack run hand-written torch.autograd.Function subclasses, its "
+               "layers take the stack as a variable number of chunks and its layer loop carries a Python DepthStack")
+    activation_checkpointing = None
+    double_backward = "grn.py: the GRNs' hand-written backward (fused kernels and PyTorch alike) is once-differentiable"
+    float32 = (GRN, "the stack of layer outputs (float32 by type promotion)")
+    speed = (Speed("train", ">=", 0.90, "e12d12"), Speed("train", ">=", 0.85, "e18d18"), Speed("decode", ">=", 0.90))
     options = (
         Option("dca_mode", check_choice, (tuple(DCA_MODES),), "dca", "MODE",
                "how a layer reads the stack of earlier outputs: dca (default; three GRN-v3 give the "
@@ -159,6 +177,10 @@ class DCA(Aggregation):
 
 class DCAK(DCA):
     name, default_k = "dca-k", 2
+    preset = "dca_k2"
+    # issue 15, item 1: k-DCA keeps pace with Pre-LN, and its training ratio stays flat with depth
+    speed = (Speed("train", ">=", 0.95), Speed("decode", ">=", 0.95), Speed("memory", "<=", 1.10),
+             Speed("train_flat", ">=", 0.95))  # fmt: skip
 
 
 MAX_PERIOD = 10_000  # k or p beyond a stack's depth is allowed and degenerate (the baseline)
@@ -167,6 +189,10 @@ MAX_PERIOD = 10_000  # k or p beyond a stack's depth is allowed and degenerate (
 class DenseFormer(Aggregation):
     name, source, family = "denseformer", "DenseFormer (arXiv:2402.02622)", "denseformer_transformer"
     owns = frozenset({"stream"})
+    paper, code, preset = "https://arxiv.org/abs/2402.02622", "https://github.com/epfml/DenseFormer", "denseformer"
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = double_backward = None
+    float32, speed = (DepthWeightedAverages, "the stack of layer outputs (float32 by type promotion)"), AGGREGATES
     options = (
         Option("denseformer_dilation", check_int, (1, MAX_PERIOD), 1, "K",
                "dilation k: DWA i averages X_j for j = i mod k (paper section 3.3); "
@@ -193,6 +219,10 @@ class DenseFormer(Aggregation):
 class DLCL(Aggregation):
     name, source, family = "dlcl", "DLCL (Wang et al., ACL 2019)", "dlcl_transformer"
     owns = frozenset({"stream"})
+    paper, code, preset = "https://arxiv.org/abs/1906.01787", "https://github.com/wangqiangneu/dlcl", "dlcl"
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = double_backward = None
+    float32, speed = (DynamicLinearCombination,), AGGREGATES
     options = (
         Option("dlcl_init", check_choice, (DLCL_INITS,), "avg", "INIT",
                "initial weights W of the lower triangle: avg (default, the authors' choice: row l = "
@@ -236,6 +266,10 @@ class Laurel(Aggregation):
     name, source, family = "laurel", "LAuReL (arXiv:2411.07501)", "laurel_transformer"
     owns = frozenset({"stream"})
     options = (LAUREL_VARIANT, LAUREL_RW_NORM, LAUREL_RANK, LAUREL_PA_K)
+    paper, code, preset = "https://arxiv.org/abs/2411.07501", "", None  # each variant names its preset
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = double_backward = None
+    float32, speed = (LaurelConnection,), ()
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
@@ -252,14 +286,17 @@ class Laurel(Aggregation):
 
 class LaurelRW(Laurel):
     name, pinned, options = "laurel-rw", ("laurel_variant", "rw"), (LAUREL_VARIANT, LAUREL_RW_NORM)
+    preset = "laurel_rw"
 
 
 class LaurelLR(Laurel):
     name, pinned, options = "laurel-lr", ("laurel_variant", "lr"), (LAUREL_VARIANT, LAUREL_RANK)
+    preset = "laurel_lr"
 
 
 class LaurelPA(Laurel):
     name, pinned, options = "laurel-pa", ("laurel_variant", "pa"), (LAUREL_VARIANT, LAUREL_RANK, LAUREL_PA_K)
+    preset = "laurel_pa"
 
 
 MAX_HC_RATE = 64
@@ -268,6 +305,14 @@ MAX_HC_RATE = 64
 class HyperConnections(Aggregation):
     name, source, family = "hc", "Hyper-Connections (arXiv:2409.19606)", "hc_transformer"
     owns, own_layers = frozenset({"stream", "layer"}), True
+    paper, code, preset = "https://arxiv.org/abs/2409.19606", "", None  # each mode names its preset
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = None
+    double_backward = ("the fused CPU kernels (kernels/mhc_ops.py, float32 CPU streams) are once-differentiable; "
+                       "FAIRSEQ_PLUGINS_MHC_KERNEL=0 runs hyper_connections.py's PyTorch code, which is not")
+    # its stream mixing runs the sublayer inside its forward (wrapping it would run the sublayer in float32 too);
+    # the mixing weights are tanh-bounded
+    float32, speed = (), AGGREGATES
     options = (
         Option("hc_mode", check_choice, (HC_MODES,), None, "MODE",  # set by the choice's name (pinned)
                "static (SHC: learned A_m, A_r, B) or dynamic (DHC: plus input-dependent tanh terms, section "
@@ -289,11 +334,11 @@ class HyperConnections(Aggregation):
 
 
 class HCStatic(HyperConnections):
-    name, pinned = "hc-static", ("hc_mode", "static")
+    name, pinned, preset = "hc-static", ("hc_mode", "static"), "hc_static"
 
 
 class HCDynamic(HyperConnections):
-    name, pinned = "hc-dynamic", ("hc_mode", "dynamic")
+    name, pinned, preset = "hc-dynamic", ("hc_mode", "dynamic"), "hc_dynamic"
 
 
 # after Aggregation: they subclass it

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from ..modules.mhc import BIAS_INITS
 from ..validation import PluginOptionError, check_choice, check_int
-from . import Option, refuse_checkpointing, set_defaults_since
-from .aggregation import Aggregation
+from . import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
+from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation
 
 MAX_RATE = 16
 
@@ -25,6 +25,12 @@ class MHC(Aggregation):
     name, source = "mhc", "mHC (Xie et al., DeepSeek, arXiv:2512.24880)"
     owns, own_layers = frozenset({"stream", "layer"}), True
     residual = "sinkhorn"
+    paper, code, preset = "https://arxiv.org/abs/2512.24880", "", "mhc"
+    prunes, scripts, activation_checkpointing = POSITION_INDEXED, LAYER_LOOP, None
+    double_backward = ("mhc.py: the Sinkhorn normalisation and skinny.py's RMS-scaled coefficient product treat saved "
+                       "forward intermediates as constants")  # fmt: skip
+    float32 = ("the coefficients H_pre, H_post, H_res and the Sinkhorn iterations (the mixing in the streams' dtype)",)
+    speed = AGGREGATES
     options = (
         Option("mhc_rate", check_int, (1, MAX_RATE), 4, "N",
                f"mHC/mHC-lite: streams per token n (default 4, the paper's; mhc-lite needs n! coefficients: "
@@ -58,6 +64,9 @@ class MHC(Aggregation):
 class MHCLite(MHC):
     name, source = "mhc-lite", "mHC-lite (Yang & Gao, arXiv:2601.05732)"
     residual, max_rate = "permutations", 5
+    paper, code, preset = "https://arxiv.org/abs/2601.05732", "https://github.com/FFTYYY/mhc-lite", "mhc_lite"
+    double_backward = "mhc.py: skinny.py's RMS-scaled coefficient product treats saved forward intermediates as constants"
+    float32 = ("the coefficients H_pre, H_post, H_res (the mixing in the streams' dtype)",)
 
     @classmethod
     def check(cls, args) -> None:
@@ -75,6 +84,11 @@ FRAC_MODES = ("dynamic", "static")
 class Frac(Aggregation):
     name, source = "frac", "frac-connections (Zhu et al., arXiv:2503.14125)"
     owns, own_layers = frozenset({"stream", "layer"}), True
+    paper, code, preset = "https://arxiv.org/abs/2503.14125", "", "frac"
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = double_backward = None
+    float32 = ("the coefficient maths (LayerNorm, products with W, tanh; the mixing in the input dtype)",)
+    speed = AGGREGATES
     options = (
         Option("frac_rate", check_int, (1, 64), 2, "M",
                "frac-connections: fractions m of the C-wide state, must divide the embedding width (default 2; "
@@ -107,6 +121,13 @@ class Frac(Aggregation):
 class AttnRes(Aggregation):
     name, source = "attnres", "Attention Residuals, Full (Kimi Team, arXiv:2603.15031)"
     owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
+    paper, code, preset = "https://arxiv.org/abs/2603.15031", "https://github.com/MoonshotAI/Attention-Residuals", "attnres"
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = ("every sublayer reads the completed blocks of the whole stack and their logits, kept in "
+                                "one state per forward pass that a recomputed layer would extend a second time")
+    double_backward = "attn_res.py: its backward accumulates into buffers shared by the forward pass, outside autograd"
+    float32 = ("the logits, RMS and softmax over depth (the weighted sum at least in the stream's dtype)",)
+    speed = AGGREGATES
     options = (
         Option("attnres_block_size", check_int, (1, 10_000), 1, "S",  # 1: Full AttnRes; AttnResBlock's is 6
                "Block AttnRes: sublayers per block S (default 6, the paper's Kimi Linear setting and a multiple "
@@ -117,9 +138,7 @@ class AttnRes(Aggregation):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        refuse_checkpointing(args, cls.label(), "every sublayer reads the completed blocks of the whole stack and "
-                             "their logits, kept in one state per forward pass that a recomputed layer would extend "
-                             "a second time")  # fmt: skip
+        refuse_checkpointing(args, cls.label(), cls.activation_checkpointing)
         if cls.name == "attnres" and args.attnres_block_size != 1:
             raise PluginOptionError(
                 "--attnres-block-size must be 1 with --depth-aggregation attnres (Full AttnRes); use "
@@ -139,19 +158,25 @@ class AttnRes(Aggregation):
 
 class AttnResBlock(AttnRes):
     name, source = "attnres-block", "Attention Residuals, Block (Kimi Team, arXiv:2603.15031, eq. 5-6)"
+    preset = "attnres_block"
     options = (replace(AttnRes.options[0], default=6),)
 
 
 class MUDD(Aggregation):
     name, source = "mudd", "MUDDFormer (Xiao et al., arXiv:2502.12170)"
     owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
+    paper, code, preset = "https://arxiv.org/abs/2502.12170", "https://github.com/Caiyun-AI/MUDDFormer", "mudd"
+    prunes, scripts = POSITION_INDEXED, LAYER_LOOP
+    activation_checkpointing = ("every layer reads the outputs of all earlier layers, gathered once per forward pass "
+                                "in one state that a recomputed layer would extend a second time")
+    double_backward = "muddformer.py: its backward accumulates into buffers shared by the forward pass, outside autograd"
+    float32 = ("the MLP and the weights A over the earlier layers",)
+    speed = AGGREGATES
 
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        refuse_checkpointing(args, cls.label(), "every layer reads the outputs of all earlier layers, gathered "
-                             "once per forward pass in one state that a recomputed layer would extend a second "
-                             "time")  # fmt: skip
+        refuse_checkpointing(args, cls.label(), cls.activation_checkpointing)
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:

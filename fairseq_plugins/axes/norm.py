@@ -21,7 +21,7 @@ included, as the papers replace every norm.
 from torch import nn
 
 from ..validation import check_float
-from . import Choice, Option, set_defaults_since
+from . import KEEPS_PACE, Choice, Option, set_defaults_since
 
 
 class Norm(Choice):
@@ -35,10 +35,16 @@ class Norm(Choice):
 
 class LayerNorm(Norm):
     name, source = "layernorm", "LayerNorm (Ba et al. 2016), fairseq's own"
+    paper, code, preset = "https://arxiv.org/abs/1607.06450", "", None  # the default: every preset without a norm
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (nn.LayerNorm,), ()  # its statistics (CUDA autocast does it for layer_norm, CPU autocast not)
 
 
 class RMSNorm(Norm):
     name, source = "rmsnorm", "RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467)"
+    paper, code, preset = "https://arxiv.org/abs/1910.07467", "https://github.com/bzhangGo/rmsnorm", "preln_rmsnorm"
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (nn.RMSNorm,), ()
 
     @classmethod
     def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
@@ -47,6 +53,9 @@ class RMSNorm(Norm):
 
 class DyT(Norm):
     name, source = "dyt", "DyT (Zhu et al., CVPR 2025, arXiv:2503.10622)"
+    paper, code, preset = "https://arxiv.org/abs/2503.10622", "https://github.com/jiachenzhu/DyT", "dyt"
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), KEEPS_PACE  # element-wise and bounded: no float32 region (module docstring)
 
     @classmethod
     def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
@@ -63,6 +72,9 @@ DERF_ALPHA_LM, DERF_ALPHA_OTHER = 1.0, 0.5
 
 class Derf(Norm):
     name, source = "derf", "Derf (Chen et al. 2025, arXiv:2512.10938; zlab-princeton/Derf)"
+    paper, code, preset = "https://arxiv.org/abs/2512.10938", "https://github.com/zlab-princeton/Derf", "derf"
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), KEEPS_PACE  # element-wise and bounded: no float32 region (module docstring)
     options = (
         Option("derf_alpha_init", check_float, (0.0, 100.0, True), None, "A",  # filled by defaults(): by task
                "Derf's initial alpha in every norm, 0 < A <= 100 (default by task, from the authors' code "

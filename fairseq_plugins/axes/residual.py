@@ -36,7 +36,7 @@ from ..validation import (
     check_choice,
     check_float,
 )
-from . import Choice, Option, set_defaults
+from . import MATCHES, Choice, Option, set_defaults
 
 
 def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
@@ -64,11 +64,16 @@ def refuse_pruning(args, who: str, why: str) -> None:
             raise PluginOptionError(f"--{side}-layers-to-keep cannot be used with {who}: {why}")
 
 
+# why the layers of a residual choice that records its residual sites (SiteResidual) do not script: the text of
+# the model's refusal (models/axes_transformer.py), which names the class and the choice
+RECORDS_SITES = ("its layers record the residual sites in forward with try/finally and **kwargs, which TorchScript "
+                 "cannot compile")  # fmt: skip
+
+
 class Residual(Choice):
     axis = "residual"
     pre_ln = True
     family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
-    torchscript = True  # False: its layers record the residual sites (SiteResidual), which TorchScript cannot compile
 
     @classmethod
     def defaults(cls, args) -> None:
@@ -98,7 +103,7 @@ class Residual(Choice):
 
     @classmethod
     def scriptable(cls, args) -> bool:
-        return cls.torchscript
+        return cls.scripts is None
 
     @classmethod
     def build_stack(cls, side: str, cfg, dictionary, embed_tokens, args, no_encoder_attn: bool = False):
@@ -112,15 +117,25 @@ class Residual(Choice):
 
 class Pre(Residual):
     name, source = "pre", "Pre-LN, x <- x + F(LN(x)) (Xiong et al. 2020; fairseq --*-normalize-before)"
+    paper, code, preset = "https://arxiv.org/abs/2002.04745", "", "transformer_preln"  # the benchmark's baseline
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
 
 
 class Post(Residual):
     name, source, pre_ln = "post", "Post-LN, x <- LN(x + F(x)) (Vaswani et al. 2017; fairseq's default)", False
+    paper, code, preset = "https://arxiv.org/abs/1706.03762", "https://github.com/tensorflow/tensor2tensor", "transformer_postln"
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
 
 
 class ResiDual(Residual):
     name, source, pre_ln, family = "resi-dual", "ResiDual (arXiv:2304.14802)", False, "residual_transformer"
     owns = frozenset({"stream", "layer"})
+    paper, code, preset = "https://arxiv.org/abs/2304.14802", "https://github.com/microsoft/ResiDual", "residual"
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32 = ("the dual stream (float32 by type promotion under autocast; --dual-residual-scale for --fp16)",)
+    speed = MATCHES
     options = (
         Option("dual_residual_scale", check_float, (0.0, 1.0, True), 1.0, "S",
                "scale s of the dual residual stream, 0 < s <= 1 (default 1). The output is unchanged "
@@ -153,6 +168,13 @@ DEEPNET_INITS = ("paper", "torchscale")
 class DeepNet(Residual):
     name, source, pre_ln, family = "deepnet", "DeepNet (arXiv:2203.00555)", False, "deepnet_transformer"
     owns = frozenset({"layer"})
+    paper, code, preset = "https://arxiv.org/abs/2203.00555", "https://github.com/microsoft/torchscale", "deepnet"
+    # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept layers with
+    # the pruned depth's alpha, a model that was never trained
+    prunes = ("DeepNorm's alpha (the skip's weight in every layer's forward) is derived from the encoder and decoder "
+              "depths, so the kept layers would run with another alpha than they were trained with")  # fmt: skip
+    scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
     options = (
         Option("deepnet_init", check_choice, (DEEPNET_INITS,), "paper", "INIT",
                "paper (default, the paper's figure 2 pseudocode): xavier_normal with gain beta for fc1/fc2/v/out "
@@ -164,11 +186,7 @@ class DeepNet(Residual):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept
-        # layers with the pruned depth's alpha, a model that was never trained
-        refuse_pruning(args, cls.who(), "DeepNorm's alpha (the skip's weight in every layer's forward) is derived "
-                       "from the encoder and decoder depths, so the kept layers would run with another alpha than "
-                       "they were trained with")  # fmt: skip
+        refuse_pruning(args, cls.who(), cls.prunes)
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -198,6 +216,10 @@ TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
 class TFixup(Residual):
     name, source, pre_ln, family = "tfixup", "T-Fixup (Huang et al., ICML 2020)", False, "tfixup_transformer"
     owns = frozenset({"layer"})
+    paper, code = "https://proceedings.mlr.press/v119/huang20f.html", "https://github.com/layer6ai-labs/T-Fixup"
+    preset = "tfixup"
+    prunes = scripts = activation_checkpointing = double_backward = None  # the depth sets only the initial weights
+    float32, speed = (), ()
     options = (
         Option("tfixup_decoder_depth", check_choice, (TFIXUP_DECODER_DEPTHS,), "decoder", "STACK",
                "the N of the decoder's (9N)^(-1/4): decoder (default: its own depth M, as the paper's "
@@ -241,7 +263,11 @@ B2T_INITS = ("rescaled", "default")
 
 class B2T(Residual):
     name, source, pre_ln, family = "b2t", "B2T connection (Takase et al., Findings of ACL 2023)", False, "b2t_transformer"
-    owns, torchscript = frozenset({"layer"}), False
+    owns = frozenset({"layer"})
+    paper, code, preset = "https://arxiv.org/abs/2206.00330", "https://github.com/takase/b2t_connection", "b2t"
+    prunes = activation_checkpointing = double_backward = None  # L^(-1/2) sets only the initial weights
+    scripts = RECORDS_SITES
+    float32, speed = (), ()
     options = (
         Option("b2t_init", check_choice, (B2T_INITS,), "rescaled", "INIT",
                "rescaled (default, the authors' code): every non-LayerNorm weight of a layer times L^(-1/2), "
@@ -275,6 +301,11 @@ NORMFORMER_HELP = {
 class NormFormer(Residual):
     name, source, family = "normformer", "NormFormer (arXiv:2110.09456)", "normformer_transformer"
     owns = frozenset({"layer"})
+    paper, code = "https://arxiv.org/abs/2110.09456", "https://github.com/facebookresearch/fairseq/tree/main/examples/normformer"
+    preset = "normformer"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES  # of the paper's layers (the default); --normformer-impl fairseq scripts (scriptable)
+    float32, speed = (), ()
     options = (
         Option("normformer_impl", check_choice, (normformer.IMPLEMENTATIONS,), "paper", "IMPL",
                "paper (default): NormFormer in encoder and decoder, head scale before W_O; fairseq: fairseq's "
@@ -304,7 +335,12 @@ class NormFormer(Residual):
 
 class Admin(Residual):
     name, source, pre_ln, family = "admin", "Admin (arXiv:2004.08249)", False, "admin_transformer"
-    owns, torchscript = frozenset({"layer"}), False
+    owns = frozenset({"layer"})
+    paper, code = "https://arxiv.org/abs/2004.08249", "https://github.com/LiyuanLucasLiu/Transformer-Clinic"
+    preset = "admin"
+    prunes = activation_checkpointing = double_backward = None  # the omegas are per layer and follow it
+    scripts = RECORDS_SITES
+    float32, speed = (), ()
 
     @classmethod
     def encoder_layer(cls, cfg, args):

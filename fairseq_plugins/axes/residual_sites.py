@@ -24,8 +24,8 @@ from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
 from ..validation import check_bool, check_choice, check_float
-from . import Option, set_defaults_since
-from .residual import Residual, refuse_pruning
+from . import KEEPS_PACE, Option, set_defaults_since
+from .residual import RECORDS_SITES, Residual, refuse_pruning
 
 
 def stack_layers(model) -> list[list]:
@@ -35,7 +35,7 @@ def stack_layers(model) -> list[list]:
 
 
 class _SiteUpdate(Residual):
-    owns, torchscript = frozenset({"layer"}), False  # SiteResidual layers (residual_wiring.py)
+    owns = frozenset({"layer"})  # SiteResidual layers (residual_wiring.py): each choice declares scripts = RECORDS_SITES
     sublayer_norms = True
 
     @classmethod
@@ -64,6 +64,10 @@ class _SiteUpdate(Residual):
 
 class LayerScaleChoice(_SiteUpdate):
     name, source = "layerscale", "LayerScale (CaiT, Touvron et al. 2021, arXiv:2103.17239, section 2)"
+    paper, code, preset = "https://arxiv.org/abs/2103.17239", "https://github.com/facebookresearch/deit", "layerscale"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32, speed = (), KEEPS_PACE  # eps = 1e-6 is stored in the float32 master weights (modules/layer_scale.py)
     options = (
         Option("layerscale_init", check_float, (0.0, 1.0), None, "EPS",  # unset: CaiT's rule, by depth
                "LayerScale's initial lambda, 0 <= eps <= 1 (default: CaiT section 2's rule per stack depth L: "
@@ -84,6 +88,10 @@ REZERO_BEFORE = {"rezero_gate": "sublayer", "rezero_final_norm": True}
 class ReZero(_SiteUpdate):
     name, source = "rezero", "ReZero (Bachlechner et al. 2020, arXiv:2003.04887, eq. 1, section 5; majumderb/rezero)"
     sublayer_norms = False
+    paper, code, preset = "https://arxiv.org/abs/2003.04887", "https://github.com/majumderb/rezero", "rezero"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32, speed = (), KEEPS_PACE
     options = (
         Option("rezero_gate", check_choice, (REZERO_GATES,), None, "GATE",  # filled by defaults(): by origin
                "ReZero's gates: layer (default: one alpha per layer shared by its sublayers, 2 in an encoder layer "
@@ -122,6 +130,11 @@ class ReZero(_SiteUpdate):
 
 class Orthogonal(_SiteUpdate):
     name, source = "orthogonal", "orthogonal residual update (Oh et al., NeurIPS 2025, arXiv:2505.11881)"
+    paper, code, preset = "https://arxiv.org/abs/2505.11881", "https://github.com/BootsofLagrangian/ortho-residual", "ortho"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32 = ("the projection <x, f> / (|x|^2 + eps) of the update on the stream",)
+    speed = KEEPS_PACE
 
     @classmethod
     def update(cls, embed_dim, depth, args):
@@ -130,6 +143,10 @@ class Orthogonal(_SiteUpdate):
 
 class Peri(_SiteUpdate):
     name, source = "peri", "Peri-LN (arXiv:2502.02732, eq. 3) = Sandwich-LN (CogView, arXiv:2105.13290)"
+    paper, code, preset = "https://arxiv.org/abs/2502.02732", "", "periln"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32, speed = (), KEEPS_PACE  # its output norms are LayerNorms (the --norm choice's float32)
 
     @classmethod
     def update(cls, embed_dim, depth, args):
@@ -139,6 +156,12 @@ class Peri(_SiteUpdate):
 class Mix(Residual):
     name, source = "mix", "Mix-LN (Li et al. 2024, arXiv:2412.13795; alpha 0.25 as the authors' scripts)"
     owns = frozenset({"layer"})
+    paper, code, preset = "https://arxiv.org/abs/2412.13795", "https://github.com/pixeli99/MixLN", "mixln"
+    # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
+    prunes = ("Mix-LN's Post-LN layers are the first floor(alpha L) of the stack, so the kept layers would be "
+              "re-partitioned between Post-LN and Pre-LN for the pruned depth, a model that was never trained")
+    scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), KEEPS_PACE
     options = (
         Option("mix_ln_alpha", check_float, (0.0, 1.0), 0.25, "A",
                "Mix-LN: the first floor(A L) layers of each stack are Post-LN, the rest Pre-LN, 0 <= A <= 1 "
@@ -148,10 +171,7 @@ class Mix(Residual):
     @classmethod
     def check(cls, args) -> None:
         super().check(args)
-        # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
-        refuse_pruning(args, cls.who(), "Mix-LN's Post-LN layers are the first floor(alpha L) of the stack, so the "
-                       "kept layers would be re-partitioned between Post-LN and Pre-LN for the pruned depth, a model "
-                       "that was never trained")  # fmt: skip
+        refuse_pruning(args, cls.who(), cls.prunes)
 
     @classmethod
     def prepare(cls, model) -> None:
@@ -163,7 +183,14 @@ class Mix(Residual):
 
 class Hybrid(Residual):
     name, source = "hybrid", "HybridNorm (Zhuo et al. 2025, arXiv:2503.04598)"
-    owns, torchscript = frozenset({"layer"}), False
+    owns = frozenset({"layer"})
+    paper, code, preset = "https://arxiv.org/abs/2503.04598", "https://github.com/BryceZhuo/HybridNorm", "hybridnorm"
+    # at its default --hybrid-first-layer hybrid; HybridNorm* (pre) refuses pruning in check(), its first layer
+    # being built differently from the others
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32 = ("the Q/K/V norms' mean square (accumulated in float32, modules/hybrid_norm.py)",)
+    speed = KEEPS_PACE
     options = (
         Option("hybrid_first_layer", check_choice, (("hybrid", "pre"),), "hybrid", "KIND",
                "HybridNorm's first layer of each stack: hybrid (default, the paper's HybridNorm) or pre "

@@ -18,7 +18,7 @@ configuration (models/axes_transformer.py).
 """
 
 from ..validation import PluginOptionError
-from . import Choice
+from . import MATCHES, Choice, Speed
 
 
 class Tying(Choice):
@@ -36,22 +36,32 @@ class Tying(Choice):
 
 class NoTying(Tying):
     name, source = "none", "no weights shared"
+    paper, code, preset = "", "", None  # the default: every preset without tying
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
 
 
 class KeyQuery(Tying):
+    """Crossformer's hard guidance; the other blocks are variants of it, declaring what differs."""
+
     name, blocks = "key-query", ("key-query",)
+    # cited by its title, as modules/cross_layer_guidance.py does: no arXiv link or authors' code known here
+    paper, code, preset = "Crossformer: Transformer with Alternated Cross-Layer Guidance", "", "crossformer_hg"
+    # tied pairs follow the kept layers (models/crossformer.py records the original layer numbers)
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), (*MATCHES, Speed("memory", "<", 1.00))  # issue 15: tying saves memory
 
 
-class FFN(Tying):
-    name, blocks = "ffn", ("ffn",)
+class FFN(KeyQuery):
+    name, blocks, preset, speed = "ffn", ("ffn",), "crossformer_hg_ffn", ()
 
 
-class Value(Tying):
-    name, blocks = "value", ("value",)
+class Value(KeyQuery):
+    name, blocks, preset, speed = "value", ("value",), "crossformer_hg_value", ()
 
 
-class All(Tying):
-    name, blocks = "all", ("key-query", "ffn", "value")
+class All(KeyQuery):
+    name, blocks, preset, speed = "all", ("key-query", "ffn", "value"), "crossformer_all", ()
 
 
 TYINGS: dict[str, type[Tying]] = {c.name: c for c in (NoTying, KeyQuery, FFN, Value, All)}
@@ -77,4 +87,6 @@ def combined_tying(value: str) -> type[Tying]:
     from ..models.crossformer import check_guidance, guided_blocks
 
     name = check_guidance("tying", value)
-    return TYINGS.get(name) or type("CombinedTying", (Tying,), {"name": name, "blocks": guided_blocks(name)})
+    # a combination of blocks is a variant of Crossformer's hard guidance, as ``all`` is: All's capabilities
+    return TYINGS.get(name) or type("CombinedTying", (All,), {"name": name, "blocks": guided_blocks(name),
+                                                              "preset": None, "speed": ()})  # fmt: skip

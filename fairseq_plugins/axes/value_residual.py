@@ -12,13 +12,56 @@ default: the paper has no cross-attention). ``--value-residual-mode`` is the mod
 paper's and the authors' code's fixed 0.5/0.5, default; learnable: Learnable-ResFormer; token: x-transformers'
 per-token gate, refused on cross-attention). The mix happens inside v_proj, before fairseq caches the values,
 so incremental decoding equals full decoding and beam reordering needs nothing extra.
+
+Its three values declare the capabilities every axis choice declares (``VALUE_RESIDUALS``, read through
+``axes.declarations()``); they are not an axis table, so ``axes.tables()`` and the grid leave them out.
 """
 
 from ..modules.value_residual import MODES, attach_value_residual
 from ..validation import PluginOptionError, check_bool, check_choice
-from . import Option, drop_if_stored, is_set, refuse_checkpointing, set_defaults
+from . import (
+    KEEPS_PACE,
+    Choice,
+    Option,
+    drop_if_stored,
+    is_set,
+    refuse_checkpointing,
+    set_defaults,
+)
 
-SIDES = ("none", "decoder", "both")
+
+class ValueResidual(Choice):
+    axis = "value_residual"
+
+
+class NoValueResidual(ValueResidual):
+    name, source = "none", "no value residual"
+    paper, code, preset = "", "", None  # the default
+    prunes = scripts = activation_checkpointing = double_backward = None
+    float32, speed = (), ()
+
+
+class DecoderValueResidual(ValueResidual):
+    name, source = "decoder", "ResFormer's value residual (arXiv:2410.17897)"
+    paper, code, preset = "https://arxiv.org/abs/2410.17897", "https://github.com/Zcchill/Value-Residual-Learning", None
+    # not refused today, though a pruned first layer hands the v_1 role to a layer trained without it
+    prunes = None
+    # not refused cleanly either: torch.jit.script stops at attach()'s forward hook with a compiler error
+    scripts = "attach() registers a Python lambda as a forward hook (clearing the v_1 store), which TorchScript cannot compile"
+    activation_checkpointing = ("every layer mixes in the first layer's values v_1, which the stack passes between "
+                                "layers and a recomputed layer does not see")  # fmt: skip
+    double_backward = None
+    float32 = ("the token gate's sigmoid (--value-residual-mode token)",)
+    speed = ()
+
+
+class BothValueResidual(DecoderValueResidual):
+    name, preset, speed = "both", "value_residual", KEEPS_PACE
+
+
+VALUE_RESIDUALS: dict[str, type[ValueResidual]] = {c.name: c for c in (NoValueResidual, DecoderValueResidual,
+                                                                         BothValueResidual)}  # fmt: skip
+SIDES = tuple(VALUE_RESIDUALS)  # none, decoder, both
 
 
 OPTIONS = (
@@ -60,9 +103,9 @@ def check(args, plan) -> None:
         return
     for option in OPTIONS[1:]:
         option.validate(args)
-    label = f"--value-residual {args.value_residual}"
-    refuse_checkpointing(args, label, "every layer mixes in the first layer's values v_1, which the stack passes "
-                         "between layers and a recomputed layer does not see")  # fmt: skip
+    choice = VALUE_RESIDUALS[args.value_residual]
+    label = choice.label()
+    refuse_checkpointing(args, label, choice.activation_checkpointing)
     for side in ("decoder", "encoder") if args.value_residual == "both" else ("decoder",):
         if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0:  # != 0, not > 0: NaN is refused too
             raise PluginOptionError(
