@@ -12,9 +12,10 @@ A family may read the option its presets used to set (``DERIVED``): ``laurel_tra
 
 from fairseq.models import register_model, register_model_architecture
 
-from ..axes import set_defaults
+from ..axes import declarations, set_defaults
+from . import baselines  # noqa: F401  (registers transformer_preln/postln first: DECLARED below skips taken names)
 from .axes_transformer import MODEL, AxesTransformerModel, axes_architecture
-from .presets import WIDTHS, register_family, register_preset
+from .presets import PRESETS, WIDTHS, register_family, register_preset
 
 # legacy model name -> its axis settings
 FAMILIES: dict[str, dict[str, str]] = {
@@ -150,4 +151,17 @@ NEW_IDEAS: dict[str, dict[str, str]] = {
     "mudd": {"depth_aggregation": "mudd"},
 }
 for _prefix, _settings in NEW_IDEAS.items():
+    register_family(_prefix, MODEL, axes_architecture, _settings)
+
+# every idea added since: the preset its choice declares (axes/__init__.py, ``Choice.preset``), that one choice on
+# the Pre-LN defaults, registered after the tables above (frozen: their names and order are what checkpoints,
+# studies and the golden commands use), so a new idea needs no row here
+_TAKEN = {preset.family for preset in PRESETS.values()}
+DECLARED: dict[str, dict[str, str]] = {
+    choice.preset: {axis: name}
+    for axis, table in declarations().items()
+    for name, choice in table.items()
+    if choice.preset and choice.preset not in _TAKEN
+}
+for _prefix, _settings in DECLARED.items():
     register_family(_prefix, MODEL, axes_architecture, _settings)
