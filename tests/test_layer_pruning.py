@@ -32,7 +32,8 @@ def projections(layer: nn.Module) -> dict[str, nn.Module]:
 
 
 def effective_weights(layer: nn.Module) -> dict[str, torch.Tensor]:
-    return {f"{n}.{p}": getattr(m, p).detach().clone() for n, m in projections(layer).items() for p in ("weight", "bias")}
+    return {f"{n}.{p}": getattr(m, p).detach().clone() for n, m in projections(layer).items() for p in ("weight", "bias")
+            if getattr(m, p) is not None}  # a projection without a bias (nGPT's) has no bias to compare  # fmt: skip
 
 
 def saved_state(model) -> dict:
