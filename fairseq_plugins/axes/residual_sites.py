@@ -7,6 +7,7 @@
     mix          Mix-LN: the first floor(0.25 L) layers of each stack Post-LN   modules/norm_placement.py
     hybrid       HybridNorm: Q/K/V norms in attention, FFN x <- N(x) + FFN(N(x)) modules/hybrid_norm.py
                  (--hybrid-first-layer pre: HybridNorm*, a Pre-LN first layer in each stack)
+    ngpt         nGPT: h <- Norm(Norm(h) + |alpha| (Norm(F(h)) - Norm(h))), unit weights modules/ngpt.py
 
 Why these are residual choices and not a separate branch-update axis: each paper defines its update on a
 Pre-LN layer (LayerScale, orthogonal) or replaces the layer's norm placement (ReZero, Peri, Mix, Hybrid), the
@@ -18,12 +19,13 @@ All keep fairseq's stack-final LayerNorm (``pre_ln``), as the papers keep their 
 authors' code has none (``--rezero-final-norm``).
 """
 
+from ..modules import ngpt
 from ..modules import site_layers as sl
 from ..modules.layer_scale import LayerScale, cait_eps
 from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
-from ..validation import check_bool, check_choice, check_float
+from ..validation import PluginOptionError, check_bool, check_choice, check_float
 from . import KEEPS_PACE, Option, set_defaults_since
 from .residual import RECORDS_SITES, Residual, refuse_pruning
 
@@ -227,4 +229,92 @@ class Hybrid(Residual):
         return sl.HybridDecoderLayer(cfg, no_encoder_attn)
 
 
-SITE_RESIDUALS = (LayerScaleChoice, ReZero, Orthogonal, Peri, Mix, Hybrid)
+class NGPT(_SiteUpdate):
+    name, source = "ngpt", "nGPT (Loshchilov et al., ICLR 2025, arXiv:2410.01131; NVIDIA/ngpt model.py)"
+    sublayer_norms = False  # every norm is the L2 projection onto the sphere (M:81-83: no LayerNorms)
+    paper, code, preset = "https://arxiv.org/abs/2410.01131", "https://github.com/NVIDIA/ngpt", "ngpt"
+    prunes = activation_checkpointing = double_backward = None
+    scripts = RECORDS_SITES
+    float32 = ("the L2 norms of the stream, the branch output and each head's q and k (in float32, cast back)",
+               "the per-step weight projection")  # fmt: skip
+    speed = KEEPS_PACE  # no matrix product added; three norms per site replace one LayerNorm
+    options = (
+        Option("ngpt_alpha_init", check_float, (0.0, 1.0, True), ngpt.ALPHA_INIT, "A",
+               "nGPT's per-dimension step sizes (eigen learning rates) alpha of every sublayer site at init, cross-"
+               "attention included, 0 < A <= 1 (default 0.05, the authors' code NVIDIA/ngpt model.py "
+               "attn/mlp_alpha_init_value)"),
+        Option("ngpt_alpha_scale", check_float, (0.0, 1.0, True), None, "S",
+               "the scale nGPT's alpha is stored at (effective alpha = stored * A / S, so S sets its effective "
+               "learning rate under Adam), 0 < S <= 1 (default 1/sqrt(C) of each stack, the authors' base_scale, "
+               "NVIDIA/ngpt model.py). Use --weight-decay 0 as the authors (train.py)"),
+    )  # fmt: skip
+
+    @classmethod
+    def check(cls, args) -> None:
+        super().check(args)
+        who = cls.label()
+
+        def refuse_option(flag, why):
+            raise PluginOptionError(f"{flag} cannot be used with {who}: {why}")
+
+        if getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) or \
+                getattr(args, "bf16", False) and not getattr(args, "memory_efficient_bf16", False):  # fmt: skip
+            refuse_option("--fp16" if getattr(args, "fp16", False) else "--bf16",
+                          "fairseq's FP16Optimizer steps float32 master copies that nGPT's per-step weight "
+                          "projection cannot reach; use --memory-efficient-fp16 (or -bf16), --amp or "
+                          "--autocast-dtype")  # fmt: skip
+        if getattr(args, "ddp_backend", None) == "fully_sharded":
+            refuse_option("--ddp-backend fully_sharded", "FSDP flattens and shards the matrices, so their rows "
+                          "are not whole on one rank for the weight projection; use c10d, legacy_ddp or "
+                          "no_c10d")  # fmt: skip
+        plain_table = "the embedding and output tables must be plain V x C matrices on the sphere"
+        no_norm = "nGPT has no normalisation layer (the first site's Norm puts the embedding on the sphere)"
+        for option, why in (("layernorm_embedding", no_norm),
+                            ("adaptive_softmax_cutoff", plain_table), ("adaptive_input", plain_table),
+                            ("character_embeddings", plain_table)):  # fmt: skip
+            if getattr(args, option, None):
+                refuse_option("--" + option.replace("_", "-"), why)
+        if (getattr(args, "quant_noise_pq", 0) or 0) > 0:
+            refuse_option("--quant-noise-pq", "quant noise wraps the Linears that nGPT keeps on the sphere")
+        for option in ("decoder_input_dim", "decoder_output_dim"):
+            if getattr(args, option, None) not in (None, args.decoder_embed_dim):
+                refuse_option(f"--{option.replace('_', '-')} other than --decoder-embed-dim",
+                              "its projection would be an unnormalised matrix on the sphere's path")  # fmt: skip
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if "stream" in other.owns:
+            return ("nGPT keeps the hidden state on the unit sphere between layers, and a mix of layer outputs "
+                    "would leave it")  # fmt: skip
+        if other.axis == "norm" and other.name != "layernorm":
+            return "nGPT has no normalisation layer: every norm is the L2 projection onto the sphere"
+        if other.axis == "tying" and "key-query" in other.blocks:
+            return "nGPT's q_proj/k_proj are per-head sphere projections, which tying would share as bare Linears"
+        return None
+
+    @classmethod
+    def update(cls, embed_dim, depth, args):
+        return ngpt.SphereUpdate(embed_dim, args.ngpt_alpha_init, getattr(args, "ngpt_alpha_scale", None))
+
+    @classmethod
+    def encoder_layer(cls, cfg, args):
+        layer = super().encoder_layer(cfg, args)
+        ngpt.sphere_layer_(layer, args.encoder_embed_dim)
+        return layer
+
+    @classmethod
+    def decoder_layer(cls, cfg, args, no_encoder_attn):
+        layer = super().decoder_layer(cfg, args, no_encoder_attn)
+        ngpt.sphere_layer_(layer, args.decoder_embed_dim)
+        return layer
+
+    @classmethod
+    def prepare(cls, model) -> None:
+        ngpt.sphere_model_(model)
+
+    @classmethod
+    def initialize(cls, model, args) -> None:
+        ngpt.initialize_(model)
+
+
+SITE_RESIDUALS = (LayerScaleChoice, ReZero, Orthogonal, Peri, Mix, Hybrid, NGPT)
