@@ -6,6 +6,8 @@
     attnres-block  Block AttnRes: over block sums of S sublayers (--attnres-block-size)   modules/attn_res.py
     mudd       MUDDFormer (arXiv:2502.12170): Q/K/V/R ways from all earlier layer outputs  modules/muddformer.py
     frac       frac-connections (arXiv:2503.14125): HC's matrices across m fractions of C  modules/frac_connections.py
+    lime       LIMe (arXiv:2502.09245): each layer's keys/values routed from all earlier    modules/lime.py
+               layers' keys/values (not a stream carry: it wraps the self-attentions' k/v_proj, owns nothing)
 
 Like hyper-connections they own the carry between layers and their layers (Pre-LN sublayers on n streams):
 ``owns = {"stream", "layer"}``, so they refuse the other stream owners and every residual choice but ``pre``.
@@ -13,8 +15,15 @@ Like hyper-connections they own the carry between layers and their layers (Pre-L
 
 from dataclasses import replace
 
+from ..models.layer_stack import (
+    FactoryDecoder,
+    FactoryEncoder,
+    _refuse_unless_scriptable,
+)
+from ..modules.lime import INITS as LIME_INITS
+from ..modules.lime import attach_lime
 from ..modules.mhc import BIAS_INITS
-from ..validation import PluginOptionError, check_choice, check_int
+from ..validation import PluginOptionError, check_choice, check_float, check_int
 from . import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
 from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation
 
@@ -185,4 +194,87 @@ class MUDD(Aggregation):
         return MUDDEncoder, MUDDDecoder
 
 
-STREAM_AGGREGATIONS = (MHC, MHCLite, AttnRes, AttnResBlock, Frac, MUDD)
+LIME_SCRIPTS = ("its k/v projections share a per-pass Python store of the stack's keys and values, which "
+                "TorchScript cannot compile")
+
+
+class LimeEncoder(FactoryEncoder):
+    """``none``'s encoder (fairseq's loop), refusing torch.jit.script with LIMe's reason, not a compiler error."""
+
+    torchscript, torchscript_unsupported_reason = False, LIME_SCRIPTS
+    __prepare_scriptable__ = _refuse_unless_scriptable  # layer_stack.py's refusal, shared by its stacks
+
+
+class LimeDecoder(FactoryDecoder):
+    """``none``'s decoder, refusing torch.jit.script as LimeEncoder."""
+
+    torchscript, torchscript_unsupported_reason = False, LIME_SCRIPTS
+    __prepare_scriptable__ = _refuse_unless_scriptable
+
+
+class LIMe(Aggregation):
+    """Built as ``none`` (the residual axis's layers in fairseq's loop), then every self-attention's k_proj and
+    v_proj of each stack is replaced by LIMe's routing projections (modules/lime.py)."""
+
+    name, source = "lime", "LIMe, Layer-Integrated Memory (Gerasimov et al., arXiv:2502.09245 v2)"
+    owns, min_layers = frozenset(), 1  # neither the carry nor the layer's forward: only k_proj and v_proj
+    paper, code, preset = "https://arxiv.org/abs/2502.09245", "https://github.com/corl-team/lime", "lime"
+    prunes = POSITION_INDEXED
+    scripts = LIME_SCRIPTS
+    activation_checkpointing = ("every layer's k/v projections read the keys and values the earlier layers left in "
+                                "one store per forward pass, which a recomputed layer would extend a second time")
+    double_backward = None  # autograd ops only
+    float32 = ()  # a linear mix of the projections' outputs, no reduction beyond fairseq's own
+    speed = AGGREGATES
+    options = (
+        Option("lime_init", check_choice, (LIME_INITS,), "uniform", "INIT",
+               "LIMe's routes at init: uniform (default, the authors' code corl-team/lime src/lm/lime.py "
+               "StaticRouter: each entry U(+-sqrt(3/((l+1)H))), the layer's own heads the identity) or identity "
+               "(ours: the earlier layers' weights 0, so the model starts as its --residual choice without LIMe)"),
+        Option("lime_router_lr_scale", check_float, (0.0, 1000.0, True), 10.0, "C",
+               "LIMe's routes are stored divided by C and used times C, so Adam moves them C times faster than the "
+               "other weights (C^2 under SGD); 0 < C <= 1000 (default 10: the authors' router_lr 1e-2 over lr "
+               "1e-3, corl-team/lime config.py). Their gradient enters --clip-norm C times larger"),
+    )  # fmt: skip
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if other.axis == "residual" and "stream" in other.owns:
+            return f"{other.name} builds its own stacks, whose attentions LIMe would not reach"
+        if other.axis == "residual" and other.name in ("hybrid", "ngpt"):
+            return f"LIMe and {other.name} both replace the self-attention's k_proj (and v_proj)"
+        if other.axis == "tying" and {"key-query", "value"} & set(other.blocks):
+            return ("tying shares k_proj or v_proj between adjacent layers as a bare Linear, which would drop "
+                    "LIMe's routes")
+        return super().conflict(other)
+
+    @classmethod
+    def check(cls, args) -> None:
+        super().check(args)
+        refuse_checkpointing(args, cls.label(), cls.activation_checkpointing)
+        value_residual = getattr(args, "value_residual", None)
+        if value_residual not in (None, "none"):
+            raise PluginOptionError(
+                f"--value-residual {value_residual} cannot be combined with {cls.label()}: both replace the "
+                "self-attention's v_proj (ResFormer's mix is one fixed LIMe route); use --value-residual none"
+            )
+
+    @classmethod
+    def stacks(cls) -> tuple[type, type]:
+        return LimeEncoder, LimeDecoder
+
+    @classmethod
+    def attach(cls, stack, args):
+        attach_lime([layer.self_attn for layer in stack.layers], args.lime_init, args.lime_router_lr_scale)
+        return stack
+
+    @classmethod
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
+        return cls.attach(super().encoder(cfg, dictionary, embed_tokens, args, make_layer), args)
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+        return cls.attach(super().decoder(cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn), args)
+
+
+STREAM_AGGREGATIONS = (MHC, MHCLite, AttnRes, AttnResBlock, Frac, MUDD, LIMe)
