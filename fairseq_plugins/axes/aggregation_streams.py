@@ -34,7 +34,9 @@ class MHC(Aggregation):
     name, source = "mhc", "mHC (Xie et al., DeepSeek, arXiv:2512.24880)"
     owns, own_layers = frozenset({"stream", "layer"}), True
     residual = "sinkhorn"
-    paper, code, preset = "https://arxiv.org/abs/2512.24880", "", "mhc"
+    # DeepSeek's own mHC code (2026-04, after the paper): kernels and a functional layer whose callers pass phi, alpha
+    # and b, so it fixes no starting values (issue 55: the default start stays the mhc-lite authors' code's)
+    paper, code, preset = "https://arxiv.org/abs/2512.24880", "https://github.com/deepseek-ai/TileKernels", "mhc"
     prunes, scripts, activation_checkpointing = POSITION_INDEXED, LAYER_LOOP, None
     double_backward = ("mhc.py: the Sinkhorn normalisation and skinny.py's RMS-scaled coefficient product treat saved "
                        "forward intermediates as constants")  # fmt: skip
