@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from . import mhc_kernel
-from .arguments import dense, first, tensor
+from .arguments import dense, first, ok, tensor
 
 HC_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "static", "scale", "out", "z")
 HC_BACKWARD_BUFFERS = ("x", "norm weight", "norm bias", "dynamic weight", "scale", "z", "grad", "grad x",
@@ -23,6 +23,11 @@ def check_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, st
     """Why ``hc_coefficients`` cannot take these inputs, or None: streams x (tokens, n, C), the LayerNorm's weight
     and bias (C), the dynamic weight w (n + 2, C), static and scale (n (n + 2)), float32 strided CPU tensors,
     1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (static None: not checked, for the backward)."""
+    if mhc_kernel._streams_fit(x, n) and ok(weight) and ok(bias) and ok(w) and ok(scale) and (static is None or ok(static)):
+        width, k = x.shape[2], n * (n + 2)
+        if (weight.shape == (width,) and bias.shape == (width,) and w.shape == (n + 2, width) and scale.shape == (k,)
+                and (static is None or static.shape == (k,))):  # fmt: skip
+            return None  # the common case in the fewest tests (decoding checks these in every unit)
     reason = mhc_kernel.check_mix(x, None, n)
     if reason is not None:
         return reason
@@ -50,11 +55,11 @@ def usable_hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, s
 
 
 def hc_coefficients(x: Tensor, weight: Tensor, bias: Tensor, w: Tensor, static: Tensor, scale: Tensor, n: int,
-                    eps: float, keep_z: bool = False) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+                    eps: float, keep_z: bool = False, checked: bool = False) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
     """Dynamic hyper-connections' coefficients (n (n + 2), tokens), row o n + j = static + scale tanh(LN(x_j) .
     w[o]) for stream j (kernels/hc_coef.c); with ``keep_z`` also z, the tanh values (for
-    ``hc_coefficients_backward``)."""
-    reason = check_hc_coefficients(x, weight, bias, w, static, scale, n)
+    ``hc_coefficients_backward``); ``checked``: the caller has just run ``check_hc_coefficients`` on them."""
+    reason = None if checked else check_hc_coefficients(x, weight, bias, w, static, scale, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     buffers = [dense(t.detach()) for t in (x, weight, bias, w, static, scale)]

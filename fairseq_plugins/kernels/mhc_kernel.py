@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import loader, switch
-from .arguments import dense, first, kind, tensor
+from .arguments import dense, first, kind, ok, tensor
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ MAX_LITE_N = 5  # mhc_coef.c: mHC-lite's n! residual coefficients
 MAX_ITERS = 1000
 MAX_TOKENS = 1 << 36
 MAX_WIDTH = 1 << 24  # mhc_mix.c
+_FACTORIAL = [math.factorial(i) for i in range(MAX_LITE_N + 1)]
 MAX_THREADS = 1024  # mhc_cpu.c: more threads than this are capped (torch.set_num_threads(1025) is allowed)
 LOG_DOMAIN = 1  # MHC_LOG_DOMAIN
 DIMS = ("n", "tokens", "iters", "threads")
@@ -117,6 +118,8 @@ def check_mix(x: Tensor, coef: Tensor | None, n: int, name: str = "x") -> str | 
     """Why the mixing kernel cannot take these inputs, or None: x (tokens, n, C) and coef (2n + n^2, tokens),
     float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <= MAX_WIDTH (coef None: the
     streams alone; ``name``: the streams' argument name in messages)."""
+    if _streams_fit(x, n) and (coef is None or (ok(coef) and coef.shape == (2 * n + n * n, x.shape[0]))):
+        return None  # the common case in the fewest tests (a decoding step checks hundreds of arguments)
     if not isinstance(n, int) or not 1 <= n <= MAX_N:
         return f"n = {n!r} streams (the kernel takes 1 to {MAX_N})"
     reason = first(kind(name, x), None if coef is None else kind("coef", coef))
@@ -126,6 +129,15 @@ def check_mix(x: Tensor, coef: Tensor | None, n: int, name: str = "x") -> str | 
         return (f"{name} of shape {tuple(x.shape)} (allowed: (1 to {MAX_TOKENS} tokens, n, 1 to {MAX_WIDTH}) for "
                 f"n = {n})")  # fmt: skip
     return None if coef is None else tensor("coef", coef, (2 * n + n * n, x.size(0)), f" for n = {n}")
+
+
+def _streams_fit(x: Tensor, n) -> bool:
+    """Whether streams x (tokens, n, C) pass ``check_mix`` (coef None), in the fewest tests; False says nothing
+    (the full check then finds the reason)."""
+    if not (isinstance(n, int) and 1 <= n <= MAX_N and ok(x) and x.dim() == 3):
+        return False
+    tokens, streams, width = x.shape
+    return streams == n and 1 <= tokens <= MAX_TOKENS and 1 <= width <= MAX_WIDTH
 
 
 def check_mix_backward(x: Tensor, coef: Tensor, grad_u: Tensor, grad_mixed: Tensor, n: int) -> str | None:
@@ -201,6 +213,12 @@ def mix_forward(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
     reason = check_mix(x, coef, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
+    return mix_forward_checked(x, coef, n)
+
+
+def mix_forward_checked(x: Tensor, coef: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``mix_forward`` for arguments ``check_mix(x, coef, n)`` has accepted (the caller checked them: a decoding
+    step would check them twice)."""
     x, coef = dense(x), dense(coef)
     u, mixed = x.new_empty(x.size(0), x.size(2)), torch.empty_like(x)
     _call(_library_or_raise().mhc_mix_forward, n, 0, [x, coef, u, mixed], MIX_FORWARD_BUFFERS,
@@ -225,6 +243,10 @@ def check_post(mixed: Tensor, post: Tensor, out: Tensor, n: int, name: str = "mi
     and out (tokens, C), float32 strided CPU tensors, 1 <= n <= MAX_N, 1 to MAX_TOKENS tokens, 1 <= C <=
     MAX_WIDTH. n is given (an int; under tracing the shapes are tensors); ``name``: mixed's argument name (the
     backward's grad)."""
+    if _streams_fit(mixed, n) and ok(post) and ok(out):
+        tokens, _, width = mixed.shape
+        if post.shape == (n, tokens) and out.shape == (tokens, width):
+            return None  # the common case in the fewest tests
     reason = check_mix(mixed, None, n, name)
     if reason is not None:
         return reason
@@ -244,6 +266,11 @@ def post_forward(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
     reason = check_post(mixed, post, out, n)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
+    return post_forward_checked(mixed, post, out, n)
+
+
+def post_forward_checked(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor:
+    """``post_forward`` for arguments ``check_post`` has accepted (the caller checked them)."""
     mixed, post, out = dense(mixed), dense(post), dense(out)
     new = torch.empty_like(mixed)
     _call(_library_or_raise().mhc_post_forward, n, 0, [mixed, post, out, new], POST_FORWARD_BUFFERS,
@@ -270,6 +297,12 @@ def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates
     bias (K), gates (3) with K = 2n + n^2 (mHC-lite, ``permutations``: 2n + n!, n <= MAX_LITE_N), float32
     strided CPU tensors, and n, iters, tokens and C in range."""
     max_n = MAX_LITE_N if permutations else MAX_N
+    if (isinstance(n, int) and isinstance(iters, int) and 1 <= n <= max_n and 1 <= iters <= MAX_ITERS and ok(v)
+            and ok(gain) and ok(phi) and ok(bias) and ok(gates) and v.dim() == 2):  # fmt: skip
+        (tokens, nc), k = v.shape, 2 * n + (_FACTORIAL[n] if permutations else n * n)
+        if (1 <= tokens <= MAX_TOKENS and nc % n == 0 and 1 <= nc // n <= MAX_WIDTH and gain.shape == (nc,)
+                and phi.shape == (nc, k) and bias.shape == (k,) and gates.shape == (3,)):  # fmt: skip
+            return None  # the common case in the fewest tests
     if not isinstance(n, int) or not isinstance(iters, int) or not 1 <= n <= max_n or not 1 <= iters <= MAX_ITERS:
         return f"n = {n!r} streams and {iters!r} iterations (the kernel takes 1 to {max_n} and 1 to {MAX_ITERS})"
     reason = first(*(kind(name, t) for name, t in (("v", v), ("gain", gain), ("phi", phi), ("bias", bias),
@@ -285,13 +318,14 @@ def check_coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates
 
 
 def coefficients(v: Tensor, gain: Tensor, phi: Tensor, bias: Tensor, gates: Tensor, n: int, iters: int,
-                 eps: float, permutations: bool = False, weight: Tensor | None = None) -> tuple[Tensor, bool]:  # fmt: skip
+                 eps: float, permutations: bool = False, weight: Tensor | None = None,
+                 checked: bool = False) -> tuple[Tensor, bool]:  # fmt: skip
     """Without autograd: (out, True) with out = [H_pre; H_post; H_res] (2n + n^2, tokens) of the streams v
     (tokens, n C) as mhc.py computes them, or (logits, False) for logits that need the log domain (mHC only;
     mHC-lite, ``permutations``, has no iteration). The product with gain phi is torch's (MKL), the rest one
     kernel call; ``weight``: (gain phi)^T already computed (the caller keeps it while the parameters are
-    unchanged)."""
-    reason = check_coefficients(v, gain, phi, bias, gates, n, iters, permutations)
+    unchanged); ``checked``: the caller has just run ``check_coefficients`` on these arguments."""
+    reason = None if checked else check_coefficients(v, gain, phi, bias, gates, n, iters, permutations)
     if reason is not None:
         raise ValueError(f"the mHC kernel cannot take {reason}")
     v = dense(v.detach())

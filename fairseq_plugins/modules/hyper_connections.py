@@ -117,8 +117,10 @@ class HyperConnection(DerivedFromParameters):
         if type(norm) is nn.LayerNorm and norm.bias is not None and not torch.is_grad_enabled() and not _tracing():
             static, scales, w = self._decoding_parameters(flat.dtype)
             if hc_kernel.usable_hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n):
-                coef = hc_kernel.hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n, norm.eps)
-                h_in, mixed = mhc_kernel.mix_forward(flat, coef, n)
+                # each argument checked once: here, and flat by forward's usable_mix (coef is the kernel's own)
+                coef = hc_kernel.hc_coefficients(flat, norm.weight, norm.bias, w, static, scales, n, norm.eps,
+                                                 checked=True)  # fmt: skip
+                h_in, mixed = mhc_kernel.mix_forward_checked(flat, coef, n)
                 out = sublayer(h_in.view(*lead, dim))
                 return depth_connection(mixed, coef[n : 2 * n], out.reshape(tokens, dim), n)
         static = self._static_coefficients(flat.dtype).unsqueeze(-1)  # (n + 2, n, 1)

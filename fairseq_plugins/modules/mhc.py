@@ -311,7 +311,34 @@ class ManifoldHyperConnection(DerivedFromParameters):
             out = gates_pytorch(out, n, self.iters)
         return out[:n], out[n : 2 * n], out[2 * n :].view(n, n, -1), out
 
+    def _decode(self, streams: Tensor, sublayer) -> Tensor | None:
+        """``forward`` without autograd, tracing and autocast for float32 CPU streams the fused kernels take, every
+        argument checked once (``forward`` checks each twice, once to choose the kernel and once in the call), and
+        no autocast contexts or coefficient views: at a decoding step's 80 tokens the Python around a unit's three
+        kernel calls cost as much as their arithmetic. The same calls, so the same numbers. None (before the
+        sublayer runs) where it does not apply."""
+        *lead, n, dim = streams.shape
+        if streams.dtype != torch.float32 or torch.is_autocast_enabled(streams.device.type):
+            return None
+        flat = streams.reshape(-1, n, dim).contiguous()  # the first unit's streams are the embedding expanded
+        v, params = flat.view(flat.shape[0], n * dim), (self.gain, self.phi, self.bias, self.gates)
+        lite = self.residual == "permutations"
+        if not (mhc_kernel.usable_coefficients(v, *params, n, self.iters, lite) and mhc_kernel.usable_mix(flat, n)):
+            return None
+        weight = self.parameter_cache.get(  # as _coefficients_kernel
+            (self.gain, self.phi), lambda: (self.phi.detach() * self.gain.detach().unsqueeze(-1)).t().contiguous())
+        coef, exact = mhc_kernel.coefficients(v, *params, n, self.iters, self.rms_eps, lite, weight, checked=True)
+        if not exact:  # the log domain: coef holds the logits
+            coef = gates_pytorch(coef, n, self.iters)
+        u, mixed = mhc_kernel.mix_forward_checked(flat, coef, n)  # coef: the kernel's own (2n + n^2, tokens)
+        out = sublayer(u.view(*lead, dim)).reshape(-1, dim).to(flat.dtype)  # as forward: the streams stay float32
+        return depth_connection(mixed, coef[n : 2 * n], out, n).view(*lead, n, dim)
+
     def forward(self, streams: Tensor, sublayer) -> Tensor:
+        if not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+            new = self._decode(streams, sublayer)
+            if new is not None:
+                return new
         *lead, n, dim = streams.shape
         flat = streams.reshape(-1, n, dim)
         pre, post, res, coef = self._coefficients_tokens_last(streams)
@@ -342,5 +369,7 @@ def depth_connection(mixed: Tensor, post: Tensor, out: Tensor, n: int) -> Tensor
     fused kernel (kernels/mhc_post.c) where it runs: PyTorch's backward is two bmm of one (n, C) x (C, 1) and
     one (1, n) x (n, C) product per token, whose time is the per-matrix overhead."""
     if mhc_kernel.usable_post(mixed, post, out, n):
+        if not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+            return mhc_kernel.post_forward_checked(mixed, post, out, n)  # just checked: not again
         return mhc_ops.post_add(mixed, post, out, n)
     return post_add(mixed, post.t().unsqueeze(-1), out.unsqueeze(1))
