@@ -118,6 +118,14 @@ class ReZero(_SiteUpdate):
         return args.rezero_gate == "layer"
 
     @classmethod
+    def conflict(cls, other) -> str | None:
+        # like T-Fixup: another function would replace no norm of the authors' form (--rezero-final-norm, the
+        # plugin's older form, keeps one; the axes decide at every choice's defaults)
+        if other.axis == "norm" and other.name != "layernorm":
+            return "ReZero's layers have no normalisation, so there is no normalisation function to choose"
+        return None
+
+    @classmethod
     def update(cls, embed_dim, depth, args):
         return ReZeroGate()
 
