@@ -28,7 +28,7 @@ are one product when the block completes (one logits table per forward pass); on
 AttnRes is scored at each read. Logits, rms and softmax run in float32 (at least); the weighted sum in the
 sources' dtype, as an in-place running sum over the sources in training (no stacked copy kept for backward) and
 one batched product over a side-by-side copy of the blocks when decoding. Backward accumulates each block's
-gradient in place across its reads and hands it back once (_Store, _Read; docs/speed_aggregation.md).
+gradient in place across its reads and hands it back once (_Store, _Read; docs/speed.md).
 
 Encoder-decoder decisions (ours; the paper is decoder-only):
 - one AttnRes per stack, each with its own queries; decoder sources = target embedding + the outputs of
