@@ -93,3 +93,15 @@ def train_batch(task, split: str = "train", max_tokens: int = 200):
         task.load_dataset(split)
     itr = task.get_batch_iterator(task.dataset(split), max_tokens=max_tokens, seed=1, num_workers=0)
     return next(iter(itr.next_epoch_itr(shuffle=False)))
+
+
+def assert_incremental_equals_full(model, task, batch: int = 3, length: int = 8) -> None:
+    """An LM's logits decoded one token at a time through fairseq's incremental state equal the full pass."""
+    d = task.source_dictionary
+    tokens = torch.randint(d.nspecial, len(d), (batch, length), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = d.eos()
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state: dict = {}
+        steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)

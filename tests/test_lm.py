@@ -13,6 +13,7 @@ from fairseq_plugins.lm import LM_FAMILIES
 from fairseq_plugins.lm.scoring import perplexity, sentence_log_likelihoods
 
 from .lm_helpers import (
+    assert_incremental_equals_full,
     binarize_lm,
     build_lm,
     make_lm_corpus,
@@ -58,14 +59,7 @@ def test_training_step_is_finite(family, lm_bin):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_incremental_decoding_equals_full(family, lm_bin):
     model, task, _ = build_lm(lm_bin, arch(family))
-    d = task.source_dictionary
-    tokens = torch.randint(d.nspecial, len(d), (3, 8), generator=torch.Generator().manual_seed(0))
-    tokens[:, 0] = d.eos()
-    with torch.no_grad():
-        full, _ = model(tokens)
-        state: dict = {}
-        steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert_incremental_equals_full(model, task)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -23,7 +23,13 @@ from .helpers import (
     parse_model_args,
     random_batch,
 )
-from .lm_helpers import binarize_lm, build_lm, make_lm_corpus, train_batch
+from .lm_helpers import (
+    assert_incremental_equals_full,
+    binarize_lm,
+    build_lm,
+    make_lm_corpus,
+    train_batch,
+)
 
 SHAPE = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0"]
 ARCH = "ngpt_e6d6"
@@ -312,14 +318,7 @@ def test_the_language_model_trains_projects_and_decodes_incrementally(lm_bin):
     model.set_num_updates(1)  # the LM keeps its family model outside its tree: the decoder gets the call
     assert unit_along_c(model)
     model.eval()
-    d = task.source_dictionary
-    tokens = torch.randint(d.nspecial, len(d), (3, 8), generator=torch.Generator().manual_seed(0))
-    tokens[:, 0] = d.eos()
-    with torch.no_grad():
-        full, _ = model(tokens)
-        state: dict = {}
-        steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert_incremental_equals_full(model, task)
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------
