@@ -10,17 +10,25 @@ fairseq-hydra-train: the plugin's models read their options from fairseq-train's
 hydra they get a DictConfig, from which fairseq's ``TransformerConfig.from_namespace`` keeps no extra key,
 so the build ended in ``AttributeError: invalid argument residual.``. fairseq's ``models.build_model`` (which
 every task calls) is wrapped to refuse that case first, naming fairseq-train.
+
+Overrides of a checkpoint's options (``from_pretrained``'s keyword arguments, fairseq-generate's
+``--model-overrides``): fairseq sets each name on the stored args whatever it is, so a misspelt one (``bem=2``,
+``dca_kk=3``) was silently ignored. The same wrapper refuses, for the plugin's models, a name that no option of
+fairseq (its config groups and every registered model, task, criterion, optimizer, scheduler, tokenizer, BPE and
+scorer) or of the plugin has, naming the nearest ones.
 """
 
 import argparse
+import dataclasses
 import difflib
 import functools
 from collections.abc import Iterable
 
-from fairseq import models, options
+from fairseq import models, options, registry, tasks
+from fairseq.dataclass.configs import FairseqConfig
 from hydra.errors import CompactHydraException
 
-from .validation import PluginOptionError, check_choice
+from .validation import STORED_ARGS, PluginOptionError, check_choice
 
 USER_DIR = '"$(fairseq-residual user-dir)"'
 
@@ -77,6 +85,39 @@ def plugin_model(name) -> bool:
     return cls is not None and cls.__module__.split(".")[0] == __package__
 
 
+@functools.cache
+def known_option_names() -> frozenset[str]:
+    """Every option name fairseq or a registered component (the plugin's models included) can read: the fields of
+    fairseq's config groups and of every registered dataclass, and what each registered model's and task's
+    ``add_args`` declares (about a second, once per process, only when a checkpoint is loaded with overrides)."""
+    names = {field.name for group in dataclasses.fields(FairseqConfig) if dataclasses.is_dataclass(group.type)
+             for field in dataclasses.fields(group.type)}  # fmt: skip
+    for table in registry.REGISTRIES.values():
+        names.update(field.name for config in table["dataclass_registry"].values() for field in dataclasses.fields(config))
+    for cls in {*models.MODEL_REGISTRY.values(), *tasks.TASK_REGISTRY.values()}:
+        parser = argparse.ArgumentParser(conflict_handler="resolve", add_help=False)
+        cls.add_args(parser)
+        names.update(action.dest for action in parser._actions)  # argparse keeps no public list of its actions
+    return frozenset(names)
+
+
+def check_override_names(args) -> None:
+    """Refuse an override of a checkpoint's options (validation.STORED_ARGS) that names no option at all."""
+    unknown = sorted(set(getattr(args, STORED_ARGS, None) or ()) - known_option_names())
+    if unknown:
+        hints = ", ".join(f"{name!r}{_nearest_in_parentheses(name)}" for name in unknown)
+        raise PluginOptionError(
+            f"unknown override{'s' if len(unknown) > 1 else ''} of the checkpoint's options (from_pretrained's "
+            f"keyword arguments or --model-overrides): {hints} {'name' if len(unknown) > 1 else 'names'} no fairseq "
+            "or plugin option, so it would be ignored; drop or correct it"
+        )
+
+
+def _nearest_in_parentheses(name: str) -> str:
+    close = nearest(name, known_option_names())
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
 def _refusing_hydra(build_model):
     @functools.wraps(build_model)
     def wrapper(cfg, task, *args, **kwargs):
@@ -87,6 +128,8 @@ def _refusing_hydra(build_model):
                 "its options from fairseq-train's command line, which fairseq's hydra path does not pass on; "
                 f"train with fairseq-train DATA --user-dir {USER_DIR} --arch {name} ... (docs/cli.md)"
             )
+        if plugin_model(name):
+            check_override_names(cfg)
         return build_model(cfg, task, *args, **kwargs)
 
     wrapper.refuses_hydra = True

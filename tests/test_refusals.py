@@ -162,6 +162,30 @@ def test_a_checkpoint_keeps_loading_with_the_defaults_it_stored_and_refuses_an_u
         ARCH_MODEL_REGISTRY[args.arch].build_model(state["cfg"]["model"], TinyTask(vocab))
 
 
+def _load_golden_dca_k2(**overrides):
+    data = REPO / "tests" / "golden" / "checkpoints"
+    return checkpoint_utils.load_model_ensemble_and_task(
+        [str(data / "dca_k2_e6d6.pt")],
+        arg_overrides={"data": str(data / "data"), "source_lang": "src", "target_lang": "tgt", **overrides},
+    )
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"bem": 2}, (r"override of the checkpoint's options \(from_pretrained's keyword arguments or --model-overrides\): "
+                 r"'bem' \(did you mean beam or .*\) names no fairseq or plugin option, so it would be ignored")),
+    ({"dca_kk": 3, "no_such_option": 1}, r"overrides .*: 'dca_kk' \(did you mean dca_k\?\), 'no_such_option' name no"),
+])  # fmt: skip
+def test_a_misspelt_override_of_a_checkpoint_is_refused_naming_the_nearest_options(overrides, message):
+    """fairseq sets every override on the stored args, whatever its name: a misspelt one was silently ignored."""
+    with pytest.raises(PluginOptionError, match=message):
+        _load_golden_dca_k2(**overrides)
+
+
+def test_overrides_naming_fairseq_or_plugin_options_still_load():
+    models, cfg, _task = _load_golden_dca_k2(beam=2, lenpen=0.5, dropout=0.2, dca_k=2)
+    assert cfg.generation.beam == 2 and cfg.generation.lenpen == 0.5 and models[0].cfg.dropout == 0.2
+
+
 # ------------------------------------------------------------------ fairseq's own shape and drop options
 
 
