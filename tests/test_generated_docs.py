@@ -73,8 +73,8 @@ def test_layout_names_only_what_exists():
 def test_check_names_a_stale_file_and_writes_nothing(tmp_path, monkeypatch, capsys):
     (tmp_path / "docs").mkdir()
     targets = [t for t in regenerate.TARGETS if t.path in ("docs/options.md", "docs/grid.md")]
-    monkeypatch.setattr(regenerate, "REPO", tmp_path)
-    monkeypatch.setattr(regenerate, "TARGETS", tuple(targets))
+    monkeypatch.setattr(regenerate.targets, "REPO", tmp_path)
+    monkeypatch.setattr(regenerate.targets, "TARGETS", tuple(targets))
     (tmp_path / "docs" / "options.md").write_text("# Options\n\nold\n")
     assert regenerate.main(["--check"]) == 1
     err = capsys.readouterr().err
@@ -89,8 +89,8 @@ def test_check_names_a_stale_file_and_writes_nothing(tmp_path, monkeypatch, caps
 
 def test_a_part_without_its_markers_is_an_error_naming_the_file(tmp_path, monkeypatch, capsys):
     [readme] = [t for t in regenerate.TARGETS if t.path == "README.md"]
-    monkeypatch.setattr(regenerate, "REPO", tmp_path)
-    monkeypatch.setattr(regenerate, "TARGETS", (readme,))
+    monkeypatch.setattr(regenerate.targets, "REPO", tmp_path)
+    monkeypatch.setattr(regenerate.targets, "TARGETS", (readme,))
     (tmp_path / "README.md").write_text("# Front page\n")
     assert regenerate.main([]) == 1
     assert "README.md: no '<!-- generated: axes table" in capsys.readouterr().err
