@@ -96,7 +96,7 @@ def stale(targets=None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=sys.modules[__package__].__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=COMMAND, description=sys.modules[__package__].__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
     options = parser.parse_args(argv)
