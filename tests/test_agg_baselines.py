@@ -141,7 +141,7 @@ def hc_reference_forward(model, src, prev):
     pad = src.eq(model.encoder.padding_idx)
     x, _ = model.encoder.forward_embedding(src)
     x = x.masked_fill(pad.unsqueeze(-1), 0).transpose(0, 1)
-    n = model.encoder.hc_rate
+    n = model.encoder.carry.rate
     streams = [x] * n
     for layer in model.encoder.layers:
         streams = hyper_connection_reference(

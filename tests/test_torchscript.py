@@ -13,7 +13,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.axes import tables
 from fairseq_plugins.axes.grid import AXES
-from fairseq_plugins.models.layer_stack import TorchScriptUnsupportedError
+from fairseq_plugins.modules.layer_stack import TorchScriptUnsupportedError
 
 from .grid_sample import axis_flags, choice_sample, combo_id
 from .helpers import TinyTask, build_model, random_batch

@@ -2,7 +2,7 @@
 
 A choice builds the encoder and the decoder (``build_stack(side, cfg, dictionary, embed_tokens, args,
 make_layer, no_encoder_attn)``): every choice but ``none`` is a ``LayerStackEncoder``/``LayerStackDecoder``
-(models/layer_stack.py) whose ``begin_layers``/``run_layer``/``end_layers`` thread its carry between layers.
+(modules/layer_stack.py) whose ``begin_layers``/``run_layer``/``end_layers`` thread its carry between layers.
 Choices that treat a layer as a black box x -> y (``none``, DenseFormer, DLCL, LAuReL) build every layer with
 ``make_layer``, the residual axis's factory, so they compose with every residual choice that does not own the
 carry itself; choices whose layers read their inputs differently (DCA: GRN mixtures as queries, keys and
@@ -10,12 +10,14 @@ values; hyper-connections: n streams per token) build their own Pre-LN layers an
 ``--residual pre``. The math is in ``fairseq_plugins/modules/`` (depth_stack.py and grn.py for DCA,
 depth_aggregation.py, laurel.py, hyper_connections.py).
 
-A stream-carry interface for the next ideas (mHC, frac-connections, AttnRes, MUDDFormer): a Choice here whose
-``build_stack`` returns a LayerStack encoder/decoder subclass; its carry may be one tensor, a stack or
-``(seq_len, batch, n, embed_dim)`` streams as hyper-connections' (see HCEncoder in models/hc_transformer.py).
+The stream-carry ideas (hyper-connections here; mHC, mHC-lite, frac-connections, Full and Block AttnRes in
+aggregation_streams.py) are ``CarryAggregation`` choices: each declares its carry (modules/carry.py: a site
+factory, ``begin``, ``layer_output``, ``end``), and one encoder and one decoder run them all
+(modules/carry_stack.py).
 """
 
-from ..models.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
+from ..modules.carry import Carry
+from ..modules.carry_stack import CarryDecoder, CarryEncoder
 from ..modules.depth_aggregation import (
     DLCL_INITS,
     DepthWeightedAverages,
@@ -24,13 +26,16 @@ from ..modules.depth_aggregation import (
 from ..modules.depth_stack import DCA_MODES
 from ..modules.grn import GRN
 from ..modules.hyper_connections import MODES as HC_MODES
+from ..modules.hyper_connections import HyperConnection
 from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
+from ..modules.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
+from ..modules.mhc import StreamCarry
 from ..validation import PluginOptionError, check_choice, check_int
 from . import AGGREGATES, Choice, Option, Speed, set_defaults
 
 # the declared reasons shared by the layer-stack choices (each choice declares them itself)
 POSITION_INDEXED = "its weights are sized and indexed by each layer's position in the stack"
-LAYER_LOOP = "its layer loop threads state through hooks TorchScript cannot compile"  # models/layer_stack.py's
+LAYER_LOOP = "its layer loop threads state through hooks TorchScript cannot compile"  # modules/layer_stack.py's
 
 
 def check_position_indexed(args, who: str, why: str = POSITION_INDEXED) -> None:
@@ -81,7 +86,8 @@ class Aggregation(Choice):
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
-        """The encoder and decoder classes (imported here, not at the top: the models import the axes)."""
+        """The encoder and decoder classes. Those still in ``models/`` (DCA, DenseFormer, DLCL, LAuReL, MUDD) are
+        imported inside this method, not at the top: the models import the axes."""
         raise NotImplementedError
 
     @classmethod
@@ -117,6 +123,26 @@ class NoAggregation(Aggregation):
     @classmethod
     def stacks(cls) -> tuple[type, type]:
         return FactoryEncoder, FactoryDecoder
+
+
+class CarryAggregation(Aggregation):
+    """A stream-carry idea: its carry (``carry``) and its site modules are all it adds; the stacks are
+    carry_stack.py's, whose Pre-LN layers it owns (so ``--residual pre`` only), as it owns the carry."""
+
+    owns, own_layers = frozenset({"stream", "layer"}), True
+
+    @classmethod
+    def carry(cls, args) -> Carry:
+        """The carry of one stack (encoder or decoder) from the choice's options."""
+        raise NotImplementedError
+
+    @classmethod
+    def stacks(cls) -> tuple[type, type]:
+        return CarryEncoder, CarryDecoder
+
+    @classmethod
+    def stack_args(cls, args) -> tuple:
+        return (cls.carry(args),)
 
 
 MAX_DCA_K = 10_000  # parse-time bound only; check bounds k by the model's depth
@@ -302,9 +328,8 @@ class LaurelPA(Laurel):
 MAX_HC_RATE = 64
 
 
-class HyperConnections(Aggregation):
+class HyperConnections(CarryAggregation):
     name, source, family = "hc", "Hyper-Connections (arXiv:2409.19606)", "hc_transformer"
-    owns, own_layers = frozenset({"stream", "layer"}), True
     paper, code, preset = "https://arxiv.org/abs/2409.19606", "", None  # each mode names its preset
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = None
@@ -323,14 +348,10 @@ class HyperConnections(Aggregation):
     )  # fmt: skip
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.hc_transformer import HCDecoder, HCEncoder
-
-        return HCEncoder, HCDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return args.hc_rate, args.hc_mode == "dynamic"
+    def carry(cls, args) -> Carry:
+        # export: fairseq's LayerNorm choice for the dynamic coefficients' norm (cfg.export, read from args)
+        return StreamCarry(args.hc_rate, HyperConnection, dynamic=args.hc_mode == "dynamic",
+                           export=getattr(args, "export", False))  # fmt: skip
 
 
 class HCStatic(HyperConnections):

@@ -11,28 +11,32 @@
 
 Like hyper-connections they own the carry between layers and their layers (Pre-LN sublayers on n streams):
 ``owns = {"stream", "layer"}``, so they refuse the other stream owners and every residual choice but ``pre``.
+mHC, mHC-lite, frac and the AttnRes pair are ``CarryAggregation`` choices: their carry (modules/carry.py) is all
+they add to the one carry stack (modules/carry_stack.py).
 """
 
 from dataclasses import replace
 
-from ..models.layer_stack import (
+from ..modules.attn_res import AttnResCarry
+from ..modules.carry import Carry
+from ..modules.frac_connections import FracCarry
+from ..modules.layer_stack import (
     FactoryDecoder,
     FactoryEncoder,
     _refuse_unless_scriptable,
 )
 from ..modules.lime import INITS as LIME_INITS
 from ..modules.lime import attach_lime
-from ..modules.mhc import BIAS_INITS
+from ..modules.mhc import BIAS_INITS, ManifoldHyperConnection, StreamCarry
 from ..validation import PluginOptionError, check_choice, check_float, check_int
 from . import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
-from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation
+from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation, CarryAggregation
 
 MAX_RATE = 16
 
 
-class MHC(Aggregation):
+class MHC(CarryAggregation):
     name, source = "mhc", "mHC (Xie et al., DeepSeek, arXiv:2512.24880)"
-    owns, own_layers = frozenset({"stream", "layer"}), True
     residual = "sinkhorn"
     # DeepSeek's own mHC code (2026-04, after the paper): kernels and a functional layer whose callers pass phi, alpha
     # and b, so it fixes no starting values (issue 55: the default start stays the mhc-lite authors' code's)
@@ -62,14 +66,8 @@ class MHC(Aggregation):
         super().defaults(args)
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.mhc_transformer import MHCDecoder, MHCEncoder
-
-        return MHCEncoder, MHCDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return args.mhc_rate, {"residual": cls.residual, "bias_init": args.mhc_bias_init}
+    def carry(cls, args) -> Carry:
+        return StreamCarry(args.mhc_rate, ManifoldHyperConnection, residual=cls.residual, bias_init=args.mhc_bias_init)
 
 
 class MHCLite(MHC):
@@ -92,9 +90,8 @@ class MHCLite(MHC):
 FRAC_MODES = ("dynamic", "static")
 
 
-class Frac(Aggregation):
+class Frac(CarryAggregation):
     name, source = "frac", "frac-connections (Zhu et al., arXiv:2503.14125)"
-    owns, own_layers = frozenset({"stream", "layer"}), True
     paper, code, preset = "https://arxiv.org/abs/2503.14125", "", "frac"
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = double_backward = None
@@ -119,19 +116,13 @@ class Frac(Aggregation):
                 )
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.mhc_transformer import FracDecoder, FracEncoder
-
-        return FracEncoder, FracDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return args.frac_rate, args.frac_mode == "dynamic"
+    def carry(cls, args) -> Carry:
+        return FracCarry(args.frac_rate, args.frac_mode == "dynamic")
 
 
-class AttnRes(Aggregation):
+class AttnRes(CarryAggregation):
     name, source = "attnres", "Attention Residuals, Full (Kimi Team, arXiv:2603.15031)"
-    owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
+    min_layers = 1
     paper, code, preset = "https://arxiv.org/abs/2603.15031", "https://github.com/MoonshotAI/Attention-Residuals", "attnres"
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = ("every sublayer reads the completed blocks of the whole stack and their logits, kept in "
@@ -157,14 +148,8 @@ class AttnRes(Aggregation):
             )
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.mhc_transformer import AttnResDecoder, AttnResEncoder
-
-        return AttnResEncoder, AttnResDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return (args.attnres_block_size,)
+    def carry(cls, args) -> Carry:
+        return AttnResCarry(args.attnres_block_size)
 
 
 class AttnResBlock(AttnRes):

@@ -8,7 +8,6 @@ from . import (  # noqa: F401
     dca_transformer,
     depth_aggregation_transformer,
     families,
-    hc_transformer,
     laurel_transformer,
     residual_transformer,
 )

@@ -45,6 +45,7 @@ from ..modules.cross_layer_guidance import (
     materialise_tied_projections,
     tie_pairs,
 )
+from ..modules.layer_stack import TorchScriptUnsupportedError
 from ..precision import AutocastModel, autocast_dtype, enable_autocast
 from ..validation import (
     PluginOptionError,
@@ -53,7 +54,6 @@ from ..validation import (
     check_model_shape,
 )
 from .layer_pruning import SIDES, check_layers_to_keep
-from .layer_stack import TorchScriptUnsupportedError
 
 MODEL = "residual_axes"
 AXIS_DEFAULTS = {"residual": "pre", "depth_aggregation": "none", "tying": "none", "norm": "layernorm"}

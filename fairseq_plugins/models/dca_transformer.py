@@ -57,8 +57,8 @@ from ..modules.depth_stack import (
     stack_entries,
 )
 from ..modules.grn import GRN
+from ..modules.layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from ..validation import PluginOptionError, check_choice, check_int
-from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 
 MODES = tuple(DCA_MODES)
 MAX_DCA_K = 10_000  # parse-time bound only; build_model bounds k by the model's depth

@@ -19,8 +19,11 @@ from ..modules.depth_aggregation import (
     DynamicLinearCombination,
 )
 from ..modules.depth_stack import DepthStack
-from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import add_format_version
+from ..modules.layer_stack import (
+    LayerStackDecoder,
+    LayerStackEncoder,
+    add_format_version,
+)
 
 # k or p beyond a stack's depth is allowed and degenerate: k > L gives every DWA only its own block (the
 # baseline), p > L no DWA at all

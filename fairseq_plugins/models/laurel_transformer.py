@@ -12,8 +12,11 @@ widths.
 from torch import nn
 
 from ..modules.laurel import LaurelConnection
-from .layer_stack import LayerStackDecoder, LayerStackEncoder
-from .pre_ln_stack import add_format_version
+from ..modules.layer_stack import (
+    LayerStackDecoder,
+    LayerStackEncoder,
+    add_format_version,
+)
 
 # r above the width is allowed (B A is then a full-rank D x D map with more parameters than it needs)
 

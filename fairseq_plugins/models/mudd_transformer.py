@@ -17,8 +17,8 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from ..modules.layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 from ..modules.muddformer import MultiwayDenseConnections
-from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 
 
 class _MUDDLayer:

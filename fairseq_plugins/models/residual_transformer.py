@@ -13,7 +13,7 @@ from ..modules.dual_residual import (
     ResiDualDecoderLayer,
     ResiDualEncoderLayer,
 )
-from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
+from ..modules.layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 
 
 class ResiDualEncoder(LayerStackEncoder):

@@ -43,7 +43,8 @@ Encoder-decoder decisions (ours; the paper is decoder-only):
 Interface: ``AttentionResiduals(embed_dim, num_sublayers, block_size=1)``; per forward pass (or decoding
 step) ``state = ar.start(embedding)``, then for each sublayer l = 0..L-1 ``ar(l, state, sublayer)`` (reads h_l,
 runs ``sublayer`` on it, records the output), and ``ar.finish(state)`` for the stack output before the final
-norm. ``sublayer`` maps h `(seq_len, batch, embed_dim)` to dropout(F(LN(h))).
+norm. ``sublayer`` maps h `(seq_len, batch, embed_dim)` to dropout(F(LN(h))). In the model: ``AttnResCarry``
+(modules/carry.py's interface; modules/carry_stack.py runs it), one ``AttnResSite`` per sublayer.
 """
 
 import contextlib
@@ -54,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels.grn_ops import once_differentiable
+from .carry import Carry
 
 RMS_EPS = 1e-6
 # the backwards accumulate into buffers shared by the pass, outside autograd: a second derivative would be wrong
@@ -348,3 +350,43 @@ class AttentionResiduals(nn.Module):
     def finish(self, state: AttnResState) -> Tensor:
         """The stack output: one more AttnRes over all sources (then the caller's final norm)."""
         return self.read(self.num_sublayers, state)
+
+
+class AttnResSite(nn.Module):
+    """Sublayer ``index`` of the stack as a site (modules/carry.py): h_l from the sources, run the sublayer,
+    record its output. No weights: the pseudo-queries are the stack's ``attn_res``."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+    def forward(self, state, sublayer):
+        attn_res, sources = state
+        attn_res(self.index, sources, sublayer)
+        return state
+
+
+class AttnResCarry(Carry):
+    """AttnRes' carry (modules/carry.py): one ``AttentionResiduals`` per stack, registered as its ``attn_res``;
+    the state is (that module, its AttnResState), which every site reads from and writes to. A layer's output
+    (fairseq's ``inner_states``) is its last sublayer's output (the block's partial sum, or the block it
+    completed); the stack output is ``finish``, the aggregate over all sources."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def site(self, embed_dim: int, index: int) -> nn.Module:
+        return AttnResSite(index)
+
+    def stack_modules(self, embed_dim: int, sites: int) -> dict[str, nn.Module]:
+        return {"attn_res": AttentionResiduals(embed_dim, sites, self.block_size)}
+
+    def begin(self, stack: nn.Module, x: Tensor):
+        return stack.attn_res, stack.attn_res.start(x)
+
+    def layer_output(self, state) -> Tensor:
+        sources = state[1]
+        return sources.partial if sources.partial is not None else sources.blocks[-1]
+
+    def end(self, stack: nn.Module, x: Tensor, state) -> Tensor:
+        return stack.attn_res.finish(state[1])

@@ -3,7 +3,7 @@ PyTorch code, and torch.compile, whose inductor emits Triton kernels, is how it 
 
 ``compile_ideas(model, **options)`` compiles in place every layer of the encoder and the decoder
 (``nn.Module.compile``: parameter names and the state dict stay as they are) and, for a stack that threads a
-carry between its layers (models/layer_stack.py: DCA's depth stack, mHC's streams, AttnRes' state ...), its
+carry between its layers (modules/layer_stack.py: DCA's depth stack, mHC's streams, AttnRes' state ...), its
 ``begin_layers``, ``run_layer`` and ``end_layers``. Every choice of every axis traces under
 ``fullgraph=True``, training and incremental decoding, with the kernels off (tests/test_compile.py); so do
 fairseq's attention and FFN inside the layers. fairseq's loop around them (embedding, the padding checks,

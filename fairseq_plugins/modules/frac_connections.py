@@ -37,7 +37,8 @@ parts (B, Y, A) and the scales should be excluded from weight decay (the paper s
 
 Interface: ``FracConnection(embed_dim, fracs, dynamic=True)``; ``forward(x, sublayer)`` with x `(seq_len,
 batch, embed_dim)` (the ordinary residual stream) and ``sublayer`` mapping the branch input `(seq_len, batch,
-embed_dim)` to dropout(F(LN(.))); returns the new state `(seq_len, batch, embed_dim)`.
+embed_dim)` to dropout(F(LN(.))); returns the new state `(seq_len, batch, embed_dim)`. In the model:
+``FracCarry`` (modules/carry.py's interface; modules/carry_stack.py runs it).
 """
 
 import torch
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attn_res import autocast_off
+from .carry import Carry
 from .skinny import skinny_matmul
 
 SCALE_INIT = 0.01
@@ -127,3 +129,14 @@ class FracConnection(nn.Module):
         branch, mixed = mixed.split(m, 1)
         out = sublayer(branch.reshape(x.shape)).reshape(-1, m, self.width)
         return torch.addcmul(mixed, beta.unsqueeze(-1), out.to(x.dtype)).reshape(x.shape)
+
+
+class FracCarry(Carry):
+    """Frac-connections' carry (modules/carry.py): the ordinary C-wide stream, no streams to expand or collapse,
+    each layer's output the state itself; every site a ``FracConnection`` with m fractions."""
+
+    def __init__(self, fracs: int, dynamic: bool):
+        self.fracs, self.dynamic = fracs, dynamic
+
+    def site(self, embed_dim: int, index: int) -> nn.Module:
+        return FracConnection(embed_dim, self.fracs, self.dynamic)

@@ -24,7 +24,9 @@ Choices: each site has its own LayerNorm for Hbar (weight 1, bias 0); W_m, W_r a
 paper's code. The site
 index k counts sublayers through the stack (encoder: 2 per layer; decoder: 3, self-attention, cross-attention,
 FFN); the decoder's cross-attention reads the encoder output (the sum of its streams after the final LN) as
-keys and values. Both are our reading for an encoder-decoder; the paper's models are decoder-only.
+keys and values. Both are our reading for an encoder-decoder; the paper's models are decoder-only. In the model:
+one ``HyperConnection`` per site, carried by mhc.py's ``StreamCarry`` (modules/carry.py's interface;
+modules/carry_stack.py runs it).
 
 Speed: for float32 CPU streams the same maths runs through fused C kernels shared with mHC (docs/kernels.md):
 the width and depth connections as mHC's mixing and depth kernels, the dynamic coefficients as kernels/hc_coef.c

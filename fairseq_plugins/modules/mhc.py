@@ -67,7 +67,8 @@ Encoder-decoder decisions (ours; the paper is decoder-only):
 
 Interface: ``ManifoldHyperConnection(embed_dim, rate=4, site=0, residual="sinkhorn", ...)``;
 ``forward(streams, sublayer)`` with streams `(seq_len, batch, n, embed_dim)` and ``sublayer`` mapping u
-`(seq_len, batch, embed_dim)` to dropout(F(LN(u))); returns the new streams.
+`(seq_len, batch, embed_dim)` to dropout(F(LN(u))); returns the new streams. In the model: ``StreamCarry``
+(hyper-connections' carry, modules/carry.py's interface; modules/carry_stack.py runs it).
 """
 
 import contextlib
@@ -79,6 +80,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import grn_ops, mhc_kernel, mhc_ops
+from .carry import Carry
 from .parameter_cache import DerivedFromParameters
 from .skinny import post_add, rms_project_t
 
@@ -201,6 +203,30 @@ def collapse_streams(streams: Tensor, norm: nn.Module | None = None, order: str 
     if norm is None:
         return streams.sum(-2)
     return norm(streams.sum(-2)) if order == "sum_then_norm" else norm(streams).sum(-2)
+
+
+class StreamCarry(Carry):
+    """n streams per token, hyper-connections' carry, which mHC keeps (modules/carry.py's interface): H^0 = the
+    embedding output replicated n times (an expanded view: each site reads it without a copy), each layer's
+    output (fairseq's ``inner_states``) the sum of the streams, the stack output the last layer's, before the
+    final LayerNorm. Site k is ``connection(embed_dim, n, k, **options)``: ``HyperConnection``
+    (hyper_connections.py) or ``ManifoldHyperConnection``.
+
+    The streams are a dimension next to the features, not folded into the batch, so attention, its incremental
+    cache and beam search's reordering see the batch only. They are per position: incremental decoding rebuilds
+    them from the current position's embedding at every step and caches only attention's keys and values."""
+
+    def __init__(self, rate: int, connection: type[nn.Module], **options):
+        self.rate, self.connection, self.options = rate, connection, options
+
+    def site(self, embed_dim: int, index: int) -> nn.Module:
+        return self.connection(embed_dim, self.rate, index, **self.options)
+
+    def begin(self, stack: nn.Module, x: Tensor) -> Tensor:
+        return x.unsqueeze(2).expand(x.size(0), x.size(1), self.rate, x.size(2))
+
+    def layer_output(self, state: Tensor) -> Tensor:
+        return state.sum(2)
 
 
 class ManifoldHyperConnection(DerivedFromParameters):

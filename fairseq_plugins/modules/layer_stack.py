@@ -10,7 +10,12 @@ loops are copied here once, with three hooks a family overrides:
     x = end_layers(x, carry)                     # replaces fairseq's final LayerNorm
 
 With the defaults (no carry, final LayerNorm if present) the loops compute exactly what fairseq's do.
-Families whose layers only change *inside* a layer (Crossformer) do not need this module.
+Families whose layers only change *inside* a layer (Crossformer) do not need this module. The ideas whose carry
+is one small object behind one interface (hyper-connections, mHC, frac-connections, AttnRes: modules/carry.py)
+share one encoder and one decoder on this loop (modules/carry_stack.py).
+
+It lives in ``modules/`` (not ``models/``) so that the axes, which build the stacks, import it without importing
+the registered models (imports run models -> axes -> modules -> kernels).
 
 TorchScript (``torch.jit.script`` of the model or of fairseq's ``SequenceGenerator``) compiles the loop
 with the family's hooks. A family opts in with ``torchscript = True`` once its hooks compile (annotate
@@ -25,7 +30,16 @@ import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from torch import Tensor
+from torch import Tensor, nn
+
+FORMAT_VERSION = 1.0
+
+
+def add_format_version(stack: nn.Module, family: str) -> None:
+    """Record the layout version of a layer-stack family's added weights (DenseFormer, DLCL, LAuReL, the carries of
+    carry_stack.py) in the encoder's or decoder's state dict, as ``{family}_version``, read by
+    ``upgrade_state_dict_named`` should that layout ever change."""
+    stack.register_buffer(f"{family}_version", torch.tensor([FORMAT_VERSION]))
 
 
 class TorchScriptUnsupportedError(RuntimeError):

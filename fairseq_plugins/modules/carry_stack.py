@@ -1,0 +1,175 @@
+"""One encoder layer, one decoder layer and one encoder and decoder for every stream-carry idea (modules/carry.py):
+hyper-connections static and dynamic, mHC, mHC-lite, frac-connections, Full and Block AttnRes.
+
+The layers are fairseq's Pre-LN layers (their modules and parameter names are the baseline's) whose sublayers are
+written once, for encoder and decoder alike, as branches h -> dropout(F(LN(h))): self-attention, cross-attention,
+FFN. Each is joined to the carry's state by its site's connection, ``state = hc[j](state, branch)``, built by the
+carry's site factory; the stacks run layer_stack.py's loop with the carry's ``begin``/``layer_output``/``end``.
+An idea is its connection module and its carry, nothing here.
+
+``hc`` names the sites' ModuleList for every carry (``layers.N.hc.J.*``): the name hyper-connections' checkpoints
+gave it first, which mHC's, frac-connections' and AttnRes' checkpoints kept.
+"""
+
+from collections.abc import Callable
+
+import torch
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from torch import Tensor, nn
+
+from .carry import Carry
+from .layer_stack import (
+    LayerStackDecoder,
+    LayerStackEncoder,
+    add_format_version,
+    wrap_layer,
+)
+
+MakeSite = Callable[[int, int], nn.Module]  # (embed_dim, site index in the stack) -> connection
+
+
+class _Sublayers:
+    """fairseq 0.12.3's Pre-LN sublayers (TransformerEncoderLayerBase/TransformerDecoderLayerBase.forward, Pre-LN
+    branch; no hook gives a sublayer its own input), each as a branch h -> dropout(F(LN(h))) that a site wraps
+    instead of x + T(x)."""
+
+    hc: nn.ModuleList
+
+    def _connect(self, make_site: MakeSite, first_site: int, sites: int) -> None:
+        self.hc = nn.ModuleList(make_site(self.embed_dim, first_site + j) for j in range(sites))
+
+    def _self_attention(self, h: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None,
+                        incremental_state=None) -> Tensor:  # fmt: skip
+        h = self.self_attn_layer_norm(h)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask,
+                              incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)  # fmt: skip
+        return self.dropout_module(h)
+
+    def _ffn(self, h: Tensor) -> Tensor:
+        h = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(h))))
+        return self.dropout_module(self.fc2(h))
+
+
+class CarryEncoderLayer(_Sublayers, TransformerEncoderLayerBase):
+    """fairseq's Pre-LN encoder layer on a carry's state: sites ``first_site`` (self-attention) and
+    ``first_site + 1`` (FFN)."""
+
+    SITES = 2
+
+    def __init__(self, cfg, make_site: MakeSite, first_site: int):
+        super().__init__(cfg)
+        self._connect(make_site, first_site, self.SITES)
+
+    def forward(self, state, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
+        def self_attention(h):
+            mask = attn_mask  # fairseq's fill, by the dtype of the stream (the state may be no tensor)
+            if mask is not None:
+                mask = mask.masked_fill(mask.to(torch.bool), -1e8 if h.dtype == torch.float32 else -1e4)
+            return self._self_attention(h, encoder_padding_mask, mask)
+
+        state = self.hc[0](state, self_attention)
+        return self.hc[1](state, self._ffn)
+
+
+class CarryDecoderLayer(_Sublayers, TransformerDecoderLayerBase):
+    """fairseq's Pre-LN decoder layer on a carry's state: sites for self-attention, cross-attention (unless
+    ``no_encoder_attn``) and FFN, from ``first_site`` on. Returns (state, cross-attention weights or None, None).
+    Without cross-self-attention (refused by axes/aggregation.py) and the NormFormer scalings (not options of the
+    translation transformer)."""
+
+    def __init__(self, cfg, make_site: MakeSite, first_site: int, no_encoder_attn: bool = False):
+        super().__init__(cfg, no_encoder_attn)
+        self._connect(make_site, first_site, 2 if self.encoder_attn is None else 3)
+
+    def forward(
+        self,
+        state,
+        encoder_out: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        incremental_state: dict[str, dict[str, Tensor | None]] | None = None,
+        self_attn_mask: Tensor | None = None,
+        self_attn_padding_mask: Tensor | None = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
+        need_attn = need_attn or need_head_weights
+        attn: list[Tensor | None] = [None]
+
+        def cross_attention(h):
+            h, attn[0] = self.encoder_attn(
+                query=self.encoder_attn_layer_norm(h), key=encoder_out, value=encoder_out,
+                key_padding_mask=encoder_padding_mask, incremental_state=incremental_state, static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights,
+            )  # fmt: skip
+            return self.dropout_module(h)
+
+        state = self.hc[0](state, lambda h: self._self_attention(h, self_attn_padding_mask, self_attn_mask,
+                                                                 incremental_state))  # fmt: skip
+        if self.encoder_attn is not None and encoder_out is not None:
+            state = self.hc[1](state, cross_attention)
+        return self.hc[-1](state, self._ffn), attn[0], None
+
+
+def _attach(stack: nn.Module, carry: Carry, embed_dim: int) -> None:
+    """After fairseq's __init__ built the layers: the format version, then the carry's stack-level modules."""
+    add_format_version(stack, carry.version)
+    for name, module in carry.stack_modules(embed_dim, stack.sites).items():
+        stack.add_module(name, module)
+
+
+class CarryEncoder(LayerStackEncoder):
+    """fairseq's encoder threading ``carry``'s state through CarryEncoderLayers (layer_stack.py's loop)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry):
+        self.carry, self.sites = carry, 0  # read by build_encoder_layer, which fairseq's __init__ calls
+        super().__init__(cfg, dictionary, embed_tokens)
+        _attach(self, carry, cfg.encoder.embed_dim)
+
+    def build_encoder_layer(self, cfg):
+        layer = CarryEncoderLayer(cfg, self.carry.site, self.sites)
+        self.sites += len(layer.hc)
+        return wrap_layer(layer, cfg)
+
+    def begin_layers(self, x):
+        return self.carry.begin(self, x)
+
+    def run_layer(self, idx, layer, x, state, padding_mask):
+        state = layer(state, encoder_padding_mask=padding_mask)
+        return self.carry.layer_output(state), state
+
+    def end_layers(self, x, state):
+        out = self.carry.end(self, x, state)
+        return self.layer_norm(out) if self.layer_norm is not None else out
+
+
+class CarryDecoder(LayerStackDecoder):
+    """fairseq's decoder threading ``carry``'s state through CarryDecoderLayers (layer_stack.py's loop)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry, no_encoder_attn=False):
+        self.carry, self.sites = carry, 0
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        _attach(self, carry, cfg.decoder.embed_dim)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = CarryDecoderLayer(cfg, self.carry.site, self.sites, no_encoder_attn)
+        self.sites += len(layer.hc)
+        return wrap_layer(layer, cfg)
+
+    def begin_layers(self, x):
+        return self.carry.begin(self, x)
+
+    def run_layer(self, idx, layer, x, state, encoder_out, encoder_padding_mask, incremental_state,
+                  self_attn_mask, self_attn_padding_mask, need_attn):  # fmt: skip
+        state, attn, _ = layer(
+            state, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+            self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+        )  # fmt: skip
+        return self.carry.layer_output(state), state, attn
+
+    def end_layers(self, x, state):
+        out = self.carry.end(self, x, state)
+        return self.layer_norm(out) if self.layer_norm is not None else out
