@@ -87,11 +87,13 @@ def plugin_model(name) -> bool:
 
 @functools.cache
 def known_option_names() -> frozenset[str]:
-    """Every option name fairseq or a registered component (the plugin's models included) can read: the fields of
-    fairseq's config groups and of every registered dataclass, and what each registered model's and task's
+    """Every option name fairseq or a registered component (the plugin's models included) can read: the component
+    choices, the fields of fairseq's config groups and of every registered dataclass, and what each registered model's and task's
     ``add_args`` declares (about a second, once per process, only when a checkpoint is loaded with overrides)."""
     names = {field.name for group in dataclasses.fields(FairseqConfig) if dataclasses.is_dataclass(group.type)
              for field in dataclasses.fields(group.type)}  # fmt: skip
+    # the component choices (task, criterion, optimizer, ...: fairseq-validate overrides task) and --arch
+    names.update(["arch", *(group.name for group in dataclasses.fields(FairseqConfig))])
     for table in registry.REGISTRIES.values():
         names.update(field.name for config in table["dataclass_registry"].values() for field in dataclasses.fields(config))
     for cls in {*models.MODEL_REGISTRY.values(), *tasks.TASK_REGISTRY.values()}:

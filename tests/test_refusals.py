@@ -12,9 +12,10 @@ import fairseq.models
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq import options as fairseq_options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-from fairseq_plugins import axes
+from fairseq_plugins import axes, fairseq_hooks
 from fairseq_plugins.criterions.label_smoothed_cross_entropy_with_guidance import (
     LabelSmoothedCrossEntropyWithGuidanceCriterion,
 )
@@ -179,6 +180,15 @@ def test_a_misspelt_override_of_a_checkpoint_is_refused_naming_the_nearest_optio
     """fairseq sets every override on the stored args, whatever its name: a misspelt one was silently ignored."""
     with pytest.raises(PluginOptionError, match=message):
         _load_golden_dca_k2(**overrides)
+
+
+def test_every_option_of_fairseqs_command_lines_is_a_known_override_name():
+    """fairseq's own tools override options by name too (fairseq-validate: task): none of them may be refused."""
+    getters = (fairseq_options.get_training_parser, fairseq_options.get_generation_parser,
+               fairseq_options.get_validation_parser, fairseq_options.get_eval_lm_parser,
+               fairseq_options.get_interactive_generation_parser)  # fmt: skip
+    dests = {action.dest for get in getters for action in get(default_task="translation")._actions}
+    assert dests - {"help"} <= fairseq_hooks.known_option_names()
 
 
 def test_overrides_naming_fairseq_or_plugin_options_still_load():
