@@ -212,7 +212,7 @@ class LIMe(Aggregation):
                                 "one store per forward pass, which a recomputed layer would extend a second time")
     double_backward = None  # autograd ops only
     float32 = ()  # a linear mix of the projections' outputs, no reduction beyond fairseq's own
-    speed = AGGREGATES
+    speed = AGGREGATES  # met in CPU time at E12D12: train 0.92, decode 0.94 (docs/speed.md "nGPT and LIMe")
     options = (
         Option("lime_init", check_choice, (LIME_INITS,), "uniform", "INIT",
                "LIMe's routes at init: uniform (default, the authors' code corl-team/lime src/lm/lime.py "
