@@ -46,7 +46,9 @@ def pytest_runtest_protocol(item, nextitem):
 def corpus_bin(tmp_path_factory):
     """The tiny reversal corpus, binarized with fairseq-preprocess (joined dictionary)."""
     # imported here, not at the top: helpers imports fairseq, which must come after pytest_configure
+    from .forkserver import run_forked
     from .helpers import binarize, make_reversal_corpus
 
     root = tmp_path_factory.mktemp("corpus")
-    return binarize(make_reversal_corpus(root / "raw"), root / "bin")
+    # forked: the tests that take the corpus run fairseq's tools through the same fork server
+    return binarize(make_reversal_corpus(root / "raw"), root / "bin", runner=run_forked)

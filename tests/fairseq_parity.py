@@ -18,7 +18,7 @@ import pytest
 from fairseq_plugins.axes import declarations
 from fairseq_plugins.models.presets import PRESETS
 
-from .helpers import run
+from .forkserver import run_forked
 
 CONTROL = "transformer"
 CASES = ["beam", "sampling", "prefix", "diverse_beam", "constraints", "validate", "prune_load", "prune_train",
@@ -75,7 +75,7 @@ def outcomes(corpus_bin, tmp_path_factory):
     def get(arch: str) -> dict:
         if arch not in cache:
             out = root / f"{arch}.json"
-            run([sys.executable, "-m", "tests.parity_driver", corpus_bin, root / arch, arch, out, ",".join(cases_of(arch))],
+            run_forked([sys.executable, "-m", "tests.parity_driver", corpus_bin, root / arch, arch, out, ",".join(cases_of(arch))],
                 timeout=900)  # fmt: skip
             cache[arch] = json.loads(out.read_text())
             assert cache[arch]["train"]["ok"], cache[arch]["train"]["trace"]

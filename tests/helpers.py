@@ -154,8 +154,9 @@ def run(cmd: Sequence[str], cwd=None, env=None, timeout: int = 600, input_text: 
     return proc
 
 
-def binarize(raw: Path, dest: Path):
-    run(fairseq_cli("preprocess") + [
+def binarize(raw: Path, dest: Path, runner=run):
+    """fairseq-preprocess, joined dictionary; ``runner``: run, or forkserver.run_forked (no interpreter start-up)."""
+    runner(fairseq_cli("preprocess") + [
         "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
         "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", dest,
         "--joined-dictionary", "--workers", "1",

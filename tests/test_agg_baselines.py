@@ -19,6 +19,7 @@ from fairseq_plugins.models import PRESETS
 from fairseq_plugins.validation import PluginOptionError
 
 from .equations import attention, ffn, layer_norm
+from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -28,7 +29,6 @@ from .helpers import (
     parameter_gradients,
     parse_model_args,
     random_batch,
-    run,
     train_command,
 )
 from .test_properties import right_pad
@@ -401,8 +401,9 @@ def test_named_architectures():
 
 @pytest.mark.parametrize("arch", ["denseformer_e12d6", "hc_dynamic_e6d6"])
 def test_train_then_generate_translates_every_sentence(arch, corpus_bin, tmp_path):
-    run(train_command(corpus_bin, tmp_path, arch, max_update=2))
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
+    run_forked(train_command(corpus_bin, tmp_path, arch, max_update=2))
+    # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is translated)
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", ["--max-len-a", "1", "--max-len-b", "5"]))
     assert sorted(hypotheses(proc.stdout)) == list(range(21))
     assert "Translated 21 sentences" in proc.stdout + proc.stderr
 

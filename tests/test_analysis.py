@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from .helpers import run, train_command
+from .forkserver import run_forked
+from .helpers import train_command
 
 TOOLS = ["grad_norms", "low_rank_residual", "grn_weights", "depth_width", "compare", "mhc_coefficients", "attnres_weights",
          "mudd_weights"]
@@ -37,7 +38,8 @@ def test_every_tool_has_help_naming_its_paper(name):
 
 
 def test_scripts_run_as_files():
-    proc = run([sys.executable, "-m", "scripts.analysis.depth_width", "--budget", "85M"])
+    # forked from tests/forkserver.py's server: still python -m's run as __main__, without the interpreter start-up
+    proc = run_forked([sys.executable, "-m", "scripts.analysis.depth_width", "--budget", "85M"])
     assert "depth 23" in proc.stdout and "width 555" in proc.stdout
 
 
@@ -158,7 +160,7 @@ def test_depth_width_fit_reproduces_table_1(tmp_path):
 def dca_run(corpus_bin, tmp_path_factory):
     """One short fairseq-train run of k-DCA (k = 2) with a JSON log: its checkpoint and its log."""
     save = tmp_path_factory.mktemp("dca")
-    proc = run(train_command(corpus_bin, save, "dca_k2_iwslt_e6d6", max_update=6,
+    proc = run_forked(train_command(corpus_bin, save, "dca_k2_iwslt_e6d6", max_update=6,
                              extra=["--log-format", "json", "--log-interval", "2"]))  # fmt: skip
     (save / "train.log").write_text(proc.stdout + proc.stderr)
     return save / "checkpoint_last.pt", save / "train.log"
@@ -313,7 +315,7 @@ def test_mhc_coefficients_at_initialisation_are_the_static_ones(arch, n_moved, n
 
 def test_mhc_coefficients_reads_a_trained_checkpoint(corpus_bin, tmp_path):
     save = tmp_path / "mhc"
-    run(train_command(corpus_bin, save, "mhc_iwslt_e6d6", max_update=3))
+    run_forked(train_command(corpus_bin, save, "mhc_iwslt_e6d6", max_update=3))
     summary = tool("mhc_coefficients").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
                                              "--sentences", "5", "--out", str(tmp_path / "mc")])  # fmt: skip
     outputs(tmp_path / "mc")
@@ -354,7 +356,7 @@ def test_attnres_weights_at_initialisation_are_uniform(arch, block):
 
 def test_attnres_weights_reads_a_trained_checkpoint(corpus_bin, tmp_path):
     save = tmp_path / "attnres"
-    run(train_command(corpus_bin, save, "attnres_block_iwslt_e6d6", max_update=3))
+    run_forked(train_command(corpus_bin, save, "attnres_block_iwslt_e6d6", max_update=3))
     result = tool("attnres_weights").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
                                            "--sentences", "5", "--out", str(tmp_path / "aw")])  # fmt: skip
     outputs(tmp_path / "aw")
@@ -482,7 +484,7 @@ def test_mudd_weights_against_float64():
 
 def test_mudd_weights_reads_a_trained_checkpoint(corpus_bin, tmp_path):
     save = tmp_path / "mudd"
-    run(train_command(corpus_bin, save, "mudd_iwslt_e6d6", max_update=3))
+    run_forked(train_command(corpus_bin, save, "mudd_iwslt_e6d6", max_update=3))
     result = tool("mudd_weights").main([str(save / "checkpoint_last.pt"), "--data", str(corpus_bin),
                                         "--sentences", "5", "--out", str(tmp_path / "mw")])  # fmt: skip
     outputs(tmp_path / "mw")

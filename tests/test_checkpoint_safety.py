@@ -18,6 +18,7 @@ from fairseq_plugins.checkpoint_safety import (
 )
 from fairseq_plugins.checkpoint_saving import intact
 
+from .forkserver import run_forked
 from .helpers import PLUGIN_DIR, fairseq_cli, generate_command, run, train_command
 
 
@@ -34,7 +35,7 @@ class Smuggler:
 @pytest.fixture(scope="module")
 def checkpoint(corpus_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("ckpt")
-    run(train_command(corpus_bin, save_dir, "residual_e6d6", max_update=2))
+    run_forked(train_command(corpus_bin, save_dir, "residual_e6d6", max_update=2))
     return save_dir / "checkpoint_last.pt"
 
 
@@ -74,7 +75,7 @@ def test_smuggled_callable_is_refused_by_fairseqs_loader(checkpoint, tmp_path):
 
 def test_smuggled_callable_is_refused_by_fairseq_generate(checkpoint, corpus_bin, tmp_path):
     bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
-    proc = run(generate_command(corpus_bin, bad), check=False)
+    proc = run_forked(generate_command(corpus_bin, bad), check=False)
     assert proc.returncode != 0 and f"refusing to load checkpoint {bad}" in proc.stderr
     assert not marker.exists()
 
@@ -121,7 +122,7 @@ def test_resuming_from_a_truncated_checkpoint_stops_instead_of_starting_afresh(c
     damaged = tmp_path / "checkpoint_last.pt"
     damaged.write_bytes(checkpoint.read_bytes())
     truncate(damaged)
-    proc = run(train_command(corpus_bin, tmp_path, "residual_e6d6", max_update=4), check=False)
+    proc = run_forked(train_command(corpus_bin, tmp_path, "residual_e6d6", max_update=4), check=False)
     assert proc.returncode != 0
     assert f"checkpoint {damaged} is truncated or corrupt" in proc.stderr
     assert "num_updates" not in proc.stdout  # no training step ran
@@ -129,7 +130,7 @@ def test_resuming_from_a_truncated_checkpoint_stops_instead_of_starting_afresh(c
 
 def test_smuggled_callable_is_refused_by_interactive_and_from_pretrained(checkpoint, corpus_bin, tmp_path):
     bad, marker = smuggling_checkpoint(checkpoint, tmp_path)
-    interactive = run(fairseq_cli("interactive") + [
+    interactive = run_forked(fairseq_cli("interactive") + [
         corpus_bin, "--user-dir", PLUGIN_DIR, "--path", bad, "--cpu", "--source-lang", "src", "--target-lang", "tgt",
     ], input_text="w1 w2\n", check=False)  # fmt: skip
     assert interactive.returncode != 0 and f"refusing to load checkpoint {bad}" in interactive.stderr
@@ -138,7 +139,7 @@ def test_smuggled_callable_is_refused_by_interactive_and_from_pretrained(checkpo
         "from fairseq.models.transformer import TransformerModel\n"
         f"TransformerModel.from_pretrained('{tmp_path}', '{bad.name}', '{corpus_bin}')\n"
     )
-    hub = run([sys.executable, "-c", code], check=False)
+    hub = run_forked([sys.executable, "-c", code], check=False)
     assert hub.returncode != 0 and "refusing to load checkpoint" in hub.stderr
     assert not marker.exists()
 

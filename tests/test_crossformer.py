@@ -24,6 +24,7 @@ from fairseq_plugins.modules.cross_layer_guidance import (
 )
 from fairseq_plugins.validation import PluginOptionError
 
+from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -32,7 +33,6 @@ from .helpers import (
     hypotheses,
     parse_model_args,
     random_batch,
-    run,
     train_command,
     train_log,
 )
@@ -273,21 +273,21 @@ def test_hard_guidance_refuses_fully_sharded_data_parallel():
 
 def test_soft_guidance_trains_logs_the_regularizer_and_translates(corpus_bin, tmp_path):
     extra = [*CRITERION, "--guidance-weight", "0.01", "--guidance", "all", "--guidance-norm", "l1"]
-    proc = run(train_command(corpus_bin, tmp_path, "crossformer_sg_e6d6", max_update=4, extra=extra))
+    proc = run_forked(train_command(corpus_bin, tmp_path, "crossformer_sg_e6d6", max_update=4, extra=extra))
     records = train_log(proc.stdout) + train_log(proc.stdout, "valid")
     assert records and all(float(r.get("guidance_loss", r.get("valid_guidance_loss", 0))) > 0 for r in records)
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
     assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))
 
 
 def test_hard_guidance_trains_in_half_precision_keeps_the_ties_and_translates(corpus_bin, tmp_path):
     extra = ["--guidance", "all", "--encoder-layers", "5", "--decoder-layers", "4", "--memory-efficient-fp16"]
-    proc = run(train_command(corpus_bin, tmp_path, "crossformer_hg_e6d6", max_update=4, extra=extra))
+    proc = run_forked(train_command(corpus_bin, tmp_path, "crossformer_hg_e6d6", max_update=4, extra=extra))
     records = train_log(proc.stdout)
     assert records and all("loss_scale" in r for r in records)  # fairseq's half-precision optimizer ran
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["model"]
     assert "encoder.layers.0.self_attn.k_proj.weight" not in state and "decoder.layers.0.fc2.weight" not in state
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
     assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))
     assert f"Translated {N_TEST} sentences" in proc.stdout + proc.stderr
 
@@ -297,13 +297,13 @@ def test_hard_guidance_e36d6_trains_with_the_documented_parameter_saving(corpus_
     documented saving (tiny width, so a 36+6 layer model trains in seconds), and the model decodes."""
     import re
 
-    proc = run(train_command(corpus_bin, tmp_path, "crossformer_hg_e36d6", max_update=2))
+    proc = run_forked(train_command(corpus_bin, tmp_path, "crossformer_hg_e36d6", max_update=2))
     reported = int(re.search(r"num\. shared model params: ([\d,]+)", proc.stdout + proc.stderr)[1].replace(",", ""))
     task = _TaskOf(corpus_bin)
     baseline = sum(p.numel() for p in build_model("transformer_preln_e36d6", task=task).parameters())
     saving = expected_tied_parameter_saving(parse_model_args("crossformer_hg_e36d6"))
     assert saving > 0 and reported == baseline - saving
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", SHORT))
     assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))
 
 

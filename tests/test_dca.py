@@ -15,6 +15,7 @@ from fairseq_plugins.modules.grn import GRNv1, GRNv2, GRNv3, count_grn_parameter
 from fairseq_plugins.validation import PluginOptionError
 
 from .equations import attention, ffn, layer_norm
+from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -24,7 +25,6 @@ from .helpers import (
     parameter_gradients,
     parse_model_args,
     random_batch,
-    run,
     train_command,
 )
 
@@ -416,7 +416,8 @@ def test_grn_parameters_are_a_negligible_addition(arch, grn_params):
 
 @pytest.mark.parametrize("arch", ["dca_e18d18", "dca_k2_e36d6"])
 def test_train_then_generate_translates_every_sentence(arch, corpus_bin, tmp_path):
-    run(train_command(corpus_bin, tmp_path, arch, max_update=2))
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
+    run_forked(train_command(corpus_bin, tmp_path, arch, max_update=2))
+    # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is translated)
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", ["--max-len-a", "1", "--max-len-b", "5"]))
     assert sorted(hypotheses(proc.stdout)) == list(range(21))
     assert "Translated 21 sentences" in proc.stdout + proc.stderr

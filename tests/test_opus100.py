@@ -14,7 +14,8 @@ from scripts.training import evaluate_recipe, multilingual
 from scripts.training.training_common import RecipeError
 
 from . import recipe_fixtures as fx
-from .helpers import REPO, run
+from .forkserver import run_forked
+from .helpers import REPO
 from .test_recipes import TRAIN_EXTRA, assert_fails, recipe, slow
 
 
@@ -112,7 +113,7 @@ def test_opus100_prepares_trains_and_translates_through_fairseqs_multilingual_ta
            "--decoder-layers", "2", "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
            "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "400", "--max-update", "3", "--cpu",
            "--save-dir", str(save), "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1"]  # fmt: skip
-    out = run(cmd, timeout=300)
+    out = run_forked(cmd, timeout=300)
     assert "num_updates=3" in out.stdout and "main:de-en src_langtok" in out.stderr + out.stdout
     assert "Upsample ratios" in out.stdout + out.stderr  # temperature sampling over the 4 directions
 

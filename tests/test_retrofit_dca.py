@@ -2,7 +2,6 @@
 whose fairseq-generate output is the same, training continues from it, and bad inputs are refused clearly."""
 
 import fractions
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,12 +10,12 @@ from fairseq import checkpoint_utils
 
 from fairseq_plugins.models.families import ALIASES
 
+from .forkserver import run_forked
 from .helpers import (
     REPO,
     generate_command,
     hypotheses,
     load_script,
-    run,
     train_command,
     train_log,
 )
@@ -35,7 +34,7 @@ def retrofit_module():
 @pytest.fixture(scope="module")
 def preln_checkpoint(corpus_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("preln")
-    run(train_command(corpus_bin, save_dir, "transformer_preln_e6d6", max_update=2, extra=SHAPE))
+    run_forked(train_command(corpus_bin, save_dir, "transformer_preln_e6d6", max_update=2, extra=SHAPE))
     return save_dir / "checkpoint_last.pt"
 
 
@@ -55,8 +54,7 @@ def test_retrofitted_checkpoint_translates_identically_and_trains_on(
         generate_command(corpus_bin, out),
         train_command(corpus_bin, tmp_path / "continue", "dca_e6d6", max_update=1, extra=extra),
     ]
-    with ThreadPoolExecutor(len(commands)) as pool:  # three fairseq processes, mostly start-up time
-        before, after, trained = pool.map(run, commands)
+    before, after, trained = map(run_forked, commands)  # three fairseq processes, forked: no start-up time
     assert sorted(hypotheses(after.stdout)) == list(range(21))
     assert hypotheses(after.stdout) == hypotheses(before.stdout)
     assert "Loaded checkpoint" in trained.stdout + trained.stderr

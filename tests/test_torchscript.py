@@ -84,7 +84,10 @@ def check_scripts_or_refuses(model, task, refuses: str | None, script_generator:
         return
 
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-    with torch.no_grad():
+    # the scripted beam search without the graph executor's optimizing passes: they specialize each graph for the
+    # shapes of every decoding step (~5 s of profiling and re-optimizing, for one call); what the exported code
+    # computes is the same, and the model's forward above ran with them
+    with torch.no_grad(), torch.jit.optimized_execution(False):
         eager = generator.forward(sample)
         scripted = torch.jit.script(generator).forward(sample)
     for eager_hypos, scripted_hypos in zip(eager, scripted, strict=True):
