@@ -9,7 +9,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.models import PRESETS
-from fairseq_plugins.models.dca_transformer import initial_dca_state
+from fairseq_plugins.modules.dca import initial_dca_state
 from fairseq_plugins.modules.depth_stack import DepthStack
 from fairseq_plugins.modules.grn import GRNv1, GRNv2, GRNv3, count_grn_parameters
 from fairseq_plugins.validation import PluginOptionError

@@ -232,9 +232,7 @@ def refusal(choice) -> str | None:
     declaration (``prunes``: None = fairseq's pruning keeps every kept layer's weights, else the reason)."""
     if choice.prunes is None:
         return None
-    # DCA's check (models/dca_transformer.check_dca_args) names its legacy model alone, the others who() they are
-    who = choice.family if issubclass(choice, DCA) else choice.who()
-    return f"cannot be used with {who}: {choice.prunes}"
+    return f"cannot be used with {choice.who()}: {choice.prunes}"
 
 
 # per axis choice of residual_axes, as declared. A combination prunes when all its choices do; else the first

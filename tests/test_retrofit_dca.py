@@ -46,7 +46,7 @@ def test_retrofitted_checkpoint_translates_identically_and_trains_on(
     assert "--restore-file" in capsys.readouterr().out and [p.name for p in tmp_path.iterdir()] == ["dca.pt"]
     models, _ = checkpoint_utils.load_model_ensemble([str(out)])
     assert isinstance(models[0], ALIASES["dca_transformer"])
-    assert models[0].encoder.dca_k == 2 and models[0].encoder.layers[3].grn.b.shape == (3, 4, 16)
+    assert models[0].encoder.carry.k == 2 and models[0].encoder.layers[3].grn.b.shape == (3, 4, 16)
 
     extra = [*SHAPE, "--dca-k", "2", "--restore-file", out, "--reset-optimizer"]
     commands = [

@@ -7,27 +7,31 @@ Choices that treat a layer as a black box x -> y (``none``, DenseFormer, DLCL, L
 ``make_layer``, the residual axis's factory, so they compose with every residual choice that does not own the
 carry itself; choices whose layers read their inputs differently (DCA: GRN mixtures as queries, keys and
 values; hyper-connections: n streams per token) build their own Pre-LN layers and compose only with
-``--residual pre``. The math is in ``fairseq_plugins/modules/`` (depth_stack.py and grn.py for DCA,
+``--residual pre``. The math is in ``fairseq_plugins/modules/`` (dca.py, depth_stack.py and grn.py for DCA,
 depth_aggregation.py, laurel.py, hyper_connections.py).
 
 The stream-carry ideas (hyper-connections here; mHC, mHC-lite, frac-connections, Full and Block AttnRes in
-aggregation_streams.py) are ``CarryAggregation`` choices: each declares its carry (modules/carry.py: a site
-factory, ``begin``, ``layer_output``, ``end``), and one encoder and one decoder run them all
-(modules/carry_stack.py).
+aggregation_streams.py), DCA and the between-layer ideas (DenseFormer, DLCL, LAuReL) are ``CarryAggregation``
+choices: each declares its carry (modules/carry.py: a site factory or its own layers, ``begin``,
+``layer_input``/``call_layer``, ``after_layer``, ``end``/``output``), and one encoder and one decoder run them
+all (modules/carry_stack.py).
 """
 
 from ..modules.carry import Carry
 from ..modules.carry_stack import CarryDecoder, CarryEncoder
+from ..modules.dca import DCACarry
 from ..modules.depth_aggregation import (
     DLCL_INITS,
+    DenseFormerCarry,
     DepthWeightedAverages,
+    DLCLCarry,
     DynamicLinearCombination,
 )
 from ..modules.depth_stack import DCA_MODES
 from ..modules.grn import GRN
 from ..modules.hyper_connections import MODES as HC_MODES
 from ..modules.hyper_connections import HyperConnection
-from ..modules.laurel import RW_NORMS, VARIANTS, LaurelConnection
+from ..modules.laurel import RW_NORMS, VARIANTS, LaurelCarry, LaurelConnection
 from ..modules.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
 from ..modules.mhc import StreamCarry
 from ..validation import PluginOptionError, check_choice, check_int
@@ -86,8 +90,7 @@ class Aggregation(Choice):
 
     @classmethod
     def stacks(cls) -> tuple[type, type]:
-        """The encoder and decoder classes. Those still in ``models/`` (DCA, DenseFormer, DLCL, LAuReL, MUDD) are
-        imported inside this method, not at the top: the models import the axes."""
+        """The encoder and decoder classes (modules/: imports run models -> axes -> modules)."""
         raise NotImplementedError
 
     @classmethod
@@ -126,8 +129,11 @@ class NoAggregation(Aggregation):
 
 
 class CarryAggregation(Aggregation):
-    """A stream-carry idea: its carry (``carry``) and its site modules are all it adds; the stacks are
-    carry_stack.py's, whose Pre-LN layers it owns (so ``--residual pre`` only), as it owns the carry."""
+    """An idea declared by its carry (``carry``, modules/carry.py): the carry and its modules are all it adds,
+    the stacks are carry_stack.py's. A stream-carry idea runs that module's Pre-LN layers on its sites, and DCA
+    its own layers (its carry builds them), so each owns the layers (``--residual pre`` only) as it owns the
+    carry; a between-layer idea (DenseFormer, DLCL, LAuReL) sets ``own_layers = False`` and runs the residual
+    axis's layers."""
 
     owns, own_layers = frozenset({"stream", "layer"}), True
 
@@ -148,12 +154,12 @@ class CarryAggregation(Aggregation):
 MAX_DCA_K = 10_000  # parse-time bound only; check bounds k by the model's depth
 
 
-class DCA(Aggregation):
+class DCA(CarryAggregation):
     name, source, family = "dca", "DeepCrossAttention (arXiv:2502.06785)", "dca_transformer"
     owns, own_layers = frozenset({"stream", "layer"}), True
     default_k = 0
     paper, code, preset = "https://arxiv.org/abs/2502.06785", "", "dca"
-    # the texts of models/dca_transformer.py's refusals (check_dca_args, _DCAStack)
+    # the texts of its refusals (check, and DCACarry's torchscript_unsupported_reason in modules/dca.py)
     prunes = "every layer owns GRNs sized by its position in the stack"
     scripts = ("DeepCrossAttention's GRNs and depth stack run hand-written torch.autograd.Function subclasses, its "
                "layers take the stack as a variable number of chunks and its layer loop carries a Python DepthStack")
@@ -186,19 +192,28 @@ class DCA(Aggregation):
 
     @classmethod
     def check(cls, args) -> None:
-        from ..models.dca_transformer import check_dca_args
-
-        check_dca_args(args)
+        """Reject options outside their range or that DCA's layers do not implement, naming them (also run by
+        scripts/training/retrofit_dca.py)."""
+        args.dca_mode = check_choice("dca_mode", args.dca_mode, tuple(DCA_MODES))
+        depth = max(args.encoder_layers, args.decoder_layers)
+        try:
+            args.dca_k = check_int("dca_k", args.dca_k, 0, depth)
+        except PluginOptionError as err:
+            raise PluginOptionError(
+                f"{err} (0 keeps every layer output; k = the number of layers already does, so larger k is "
+                f"rejected; the deeper side has {depth} layers)"
+            ) from None
+        for side in ("encoder", "decoder"):
+            if not getattr(args, f"{side}_normalize_before", False):
+                raise PluginOptionError(
+                    f"{cls.who()} needs --{side}-normalize-before: DCA is built on Pre-LN layers "
+                    "(the GRNs replace the Pre-LN residual stream)"
+                )
+        check_position_indexed(args, cls.who(), cls.prunes)
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.dca_transformer import DCADecoder, DCAEncoder
-
-        return DCAEncoder, DCADecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return args.dca_mode, args.dca_k
+    def carry(cls, args) -> Carry:
+        return DCACarry(args.dca_mode, args.dca_k)
 
 
 class DCAK(DCA):
@@ -212,9 +227,9 @@ class DCAK(DCA):
 MAX_PERIOD = 10_000  # k or p beyond a stack's depth is allowed and degenerate (the baseline)
 
 
-class DenseFormer(Aggregation):
+class DenseFormer(CarryAggregation):
     name, source, family = "denseformer", "DenseFormer (arXiv:2402.02622)", "denseformer_transformer"
-    owns = frozenset({"stream"})
+    owns, own_layers = frozenset({"stream"}), False
     paper, code, preset = "https://arxiv.org/abs/2402.02622", "https://github.com/epfml/DenseFormer", "denseformer"
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = double_backward = None
@@ -229,22 +244,13 @@ class DenseFormer(Aggregation):
     )  # fmt: skip
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.depth_aggregation_transformer import (
-            DenseFormerDecoder,
-            DenseFormerEncoder,
-        )
-
-        return DenseFormerEncoder, DenseFormerDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return args.denseformer_dilation, args.denseformer_period
+    def carry(cls, args) -> Carry:
+        return DenseFormerCarry(args.denseformer_dilation, args.denseformer_period)
 
 
-class DLCL(Aggregation):
+class DLCL(CarryAggregation):
     name, source, family = "dlcl", "DLCL (Wang et al., ACL 2019)", "dlcl_transformer"
-    owns = frozenset({"stream"})
+    owns, own_layers = frozenset({"stream"}), False
     paper, code, preset = "https://arxiv.org/abs/1906.01787", "https://github.com/wangqiangneu/dlcl", "dlcl"
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = double_backward = None
@@ -256,14 +262,9 @@ class DLCL(Aggregation):
     )  # fmt: skip
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.depth_aggregation_transformer import DLCLDecoder, DLCLEncoder
-
-        return DLCLEncoder, DLCLDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
-        return (args.dlcl_init,)
+    def carry(cls, args) -> Carry:
+        # export: fairseq's LayerNorm choice for the LN_k (cfg.export, read from args)
+        return DLCLCarry(args.dlcl_init, export=getattr(args, "export", False))
 
 
 MAX_LAUREL_RANK, MAX_LAUREL_PA_K = 65_536, 64
@@ -285,12 +286,12 @@ LAUREL_PA_K = Option("laurel_pa_k", check_int, (1, MAX_LAUREL_PA_K), 3, "K",
                      f"1 <= K <= {MAX_LAUREL_PA_K}")
 
 
-class Laurel(Aggregation):
+class Laurel(CarryAggregation):
     """LAuReL; each variant declares only the options it reads (issue 56: an option another variant reads is
     refused, not ignored), in the order they are checked."""
 
     name, source, family = "laurel", "LAuReL (arXiv:2411.07501)", "laurel_transformer"
-    owns = frozenset({"stream"})
+    owns, own_layers = frozenset({"stream"}), False
     options = (LAUREL_VARIANT, LAUREL_RW_NORM, LAUREL_RANK, LAUREL_PA_K)
     paper, code, preset = "https://arxiv.org/abs/2411.07501", "", None  # each variant names its preset
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
@@ -298,16 +299,10 @@ class Laurel(Aggregation):
     float32, speed = (LaurelConnection,), ()
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.laurel_transformer import LaurelDecoder, LaurelEncoder
-
-        return LaurelEncoder, LaurelDecoder
-
-    @classmethod
-    def stack_args(cls, args) -> tuple:
+    def carry(cls, args) -> Carry:
         given = {"rank": "laurel_rank", "pa_k": "laurel_pa_k", "rw_norm": "laurel_rw_norm"}
         read = {option.name for option in cls.options}
-        return ({"variant": args.laurel_variant, **{k: getattr(args, v) for k, v in given.items() if v in read}},)
+        return LaurelCarry({"variant": args.laurel_variant, **{k: getattr(args, v) for k, v in given.items() if v in read}})
 
 
 class LaurelRW(Laurel):

@@ -11,8 +11,8 @@
 
 Like hyper-connections they own the carry between layers and their layers (Pre-LN sublayers on n streams):
 ``owns = {"stream", "layer"}``, so they refuse the other stream owners and every residual choice but ``pre``.
-mHC, mHC-lite, frac and the AttnRes pair are ``CarryAggregation`` choices: their carry (modules/carry.py) is all
-they add to the one carry stack (modules/carry_stack.py).
+mHC, mHC-lite, frac, the AttnRes pair and MUDD are ``CarryAggregation`` choices: their carry (modules/carry.py)
+is all they add to the one carry stack (modules/carry_stack.py).
 """
 
 from dataclasses import replace
@@ -28,6 +28,7 @@ from ..modules.layer_stack import (
 from ..modules.lime import INITS as LIME_INITS
 from ..modules.lime import attach_lime
 from ..modules.mhc import BIAS_INITS, ManifoldHyperConnection, StreamCarry
+from ..modules.muddformer import MUDDCarry
 from ..validation import PluginOptionError, check_choice, check_float, check_int
 from . import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
 from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation, CarryAggregation
@@ -158,7 +159,7 @@ class AttnResBlock(AttnRes):
     options = (replace(AttnRes.options[0], default=6),)
 
 
-class MUDD(Aggregation):
+class MUDD(CarryAggregation):
     name, source = "mudd", "MUDDFormer (Xiao et al., arXiv:2502.12170)"
     owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
     paper, code, preset = "https://arxiv.org/abs/2502.12170", "https://github.com/Caiyun-AI/MUDDFormer", "mudd"
@@ -175,10 +176,8 @@ class MUDD(Aggregation):
         refuse_checkpointing(args, cls.label(), cls.activation_checkpointing)
 
     @classmethod
-    def stacks(cls) -> tuple[type, type]:
-        from ..models.mudd_transformer import MUDDDecoder, MUDDEncoder
-
-        return MUDDEncoder, MUDDDecoder
+    def carry(cls, args) -> Carry:
+        return MUDDCarry()
 
 
 LIME_SCRIPTS = ("its k/v projections share a per-pass Python store of the stack's keys and values, which "

@@ -30,6 +30,7 @@ from fairseq.modules.transformer_layer import (
 
 from ..modules import admin, normformer
 from ..modules import residual_wiring as rw
+from ..modules.dual_residual import ResiDualDecoder, ResiDualEncoder
 from ..validation import (
     PluginOptionError,
     check_bool,
@@ -155,8 +156,6 @@ class ResiDual(Residual):
 
     @classmethod
     def build_stack(cls, side, cfg, dictionary, embed_tokens, args, no_encoder_attn=False):
-        from ..models.residual_transformer import ResiDualDecoder, ResiDualEncoder
-
         if side == "encoder":
             return ResiDualEncoder(cfg, dictionary, embed_tokens, args.dual_residual_scale)
         return ResiDualDecoder(cfg, dictionary, embed_tokens, args.dual_residual_scale, no_encoder_attn)

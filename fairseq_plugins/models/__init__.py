@@ -5,10 +5,6 @@ from . import (  # noqa: F401
     axes_transformer,
     baselines,
     crossformer,
-    dca_transformer,
-    depth_aggregation_transformer,
     families,
-    laurel_transformer,
-    residual_transformer,
 )
 from .presets import DEPTHS, PRESETS, WIDTHS  # noqa: F401

@@ -378,7 +378,7 @@ class AttnResCarry(Carry):
     def site(self, embed_dim: int, index: int) -> nn.Module:
         return AttnResSite(index)
 
-    def stack_modules(self, embed_dim: int, sites: int) -> dict[str, nn.Module]:
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
         return {"attn_res": AttentionResiduals(embed_dim, sites, self.block_size)}
 
     def begin(self, stack: nn.Module, x: Tensor):

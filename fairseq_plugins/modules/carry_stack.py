@@ -1,10 +1,12 @@
-"""One encoder layer, one decoder layer and one encoder and decoder for every stream-carry idea (modules/carry.py):
-hyper-connections static and dynamic, mHC, mHC-lite, frac-connections, Full and Block AttnRes.
+"""One encoder layer, one decoder layer and one encoder and decoder for every idea declared by its carry
+(modules/carry.py): the stream carries (hyper-connections static and dynamic, mHC, mHC-lite, frac-connections,
+Full and Block AttnRes) on the layers below, and the between-layer ideas (DenseFormer, DLCL, LAuReL) on the
+residual axis's layers (``build_with_layers``).
 
 The layers are fairseq's Pre-LN layers (their modules and parameter names are the baseline's) whose sublayers are
 written once, for encoder and decoder alike, as branches h -> dropout(F(LN(h))): self-attention, cross-attention,
 FFN. Each is joined to the carry's state by its site's connection, ``state = hc[j](state, branch)``, built by the
-carry's site factory; the stacks run layer_stack.py's loop with the carry's ``begin``/``layer_output``/``end``.
+carry's site factory; the stacks run layer_stack.py's loop with the carry's hooks (modules/carry.py).
 An idea is its connection module and its carry, nothing here.
 
 ``hc`` names the sites' ModuleList for every carry (``layers.N.hc.J.*``): the name hyper-connections' checkpoints
@@ -114,15 +116,28 @@ class CarryDecoderLayer(_Sublayers, TransformerDecoderLayerBase):
         return self.hc[-1](state, self._ffn), attn[0], None
 
 
+def _built(stack: nn.Module) -> int:
+    """The index of the layer fairseq's __init__ is building (its build_*_layer hook gets none): the count so far."""
+    index = stack.__dict__.get("_layers_built", 0)
+    stack.__dict__["_layers_built"] = index + 1
+    return index
+
+
 def _attach(stack: nn.Module, carry: Carry, embed_dim: int) -> None:
     """After fairseq's __init__ built the layers: the format version, then the carry's stack-level modules."""
-    add_format_version(stack, carry.version)
-    for name, module in carry.stack_modules(embed_dim, stack.sites).items():
+    stack.__dict__.pop("_layers_built", None)
+    if carry.torchscript_unsupported_reason is not None:
+        stack.torchscript_unsupported_reason = carry.torchscript_unsupported_reason
+    if carry.version is not None:
+        add_format_version(stack, carry.version)
+    for name, module in carry.stack_modules(embed_dim, stack.sites, len(stack.layers)).items():
         stack.add_module(name, module)
 
 
 class CarryEncoder(LayerStackEncoder):
-    """fairseq's encoder threading ``carry``'s state through CarryEncoderLayers (layer_stack.py's loop)."""
+    """fairseq's encoder threading ``carry``'s state through its layers (layer_stack.py's loop): the residual
+    axis's layers when built by ``build_with_layers`` (a between-layer idea), else the carry's own layers
+    (``encoder_layer``), else CarryEncoderLayers on the carry's sites."""
 
     def __init__(self, cfg, dictionary, embed_tokens, carry: Carry):
         self.carry, self.sites = carry, 0  # read by build_encoder_layer, which fairseq's __init__ calls
@@ -130,24 +145,28 @@ class CarryEncoder(LayerStackEncoder):
         _attach(self, carry, cfg.encoder.embed_dim)
 
     def build_encoder_layer(self, cfg):
-        layer = CarryEncoderLayer(cfg, self.carry.site, self.sites)
-        self.sites += len(layer.hc)
+        if "_make_layer" in self.__dict__:  # set by build_with_layers
+            return super().build_encoder_layer(cfg)
+        layer = self.carry.encoder_layer(cfg, _built(self))
+        if layer is None:
+            layer = CarryEncoderLayer(cfg, self.carry.site, self.sites)
+            self.sites += len(layer.hc)
         return wrap_layer(layer, cfg)
 
     def begin_layers(self, x):
         return self.carry.begin(self, x)
 
     def run_layer(self, idx, layer, x, state, padding_mask):
-        state = layer(state, encoder_padding_mask=padding_mask)
-        return self.carry.layer_output(state), state
+        y = self.carry.call_layer(self, idx, layer, x, state, encoder_padding_mask=padding_mask)
+        return self.carry.after_layer(self, idx, x, y, state)
 
     def end_layers(self, x, state):
-        out = self.carry.end(self, x, state)
-        return self.layer_norm(out) if self.layer_norm is not None else out
+        return self.carry.output(self, x, state)
 
 
 class CarryDecoder(LayerStackDecoder):
-    """fairseq's decoder threading ``carry``'s state through CarryDecoderLayers (layer_stack.py's loop)."""
+    """fairseq's decoder threading ``carry``'s state through its layers (layer_stack.py's loop), as
+    CarryEncoder."""
 
     def __init__(self, cfg, dictionary, embed_tokens, carry: Carry, no_encoder_attn=False):
         self.carry, self.sites = carry, 0
@@ -155,8 +174,12 @@ class CarryDecoder(LayerStackDecoder):
         _attach(self, carry, cfg.decoder.embed_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = CarryDecoderLayer(cfg, self.carry.site, self.sites, no_encoder_attn)
-        self.sites += len(layer.hc)
+        if "_make_layer" in self.__dict__:  # set by build_with_layers
+            return super().build_decoder_layer(cfg, no_encoder_attn)
+        layer = self.carry.decoder_layer(cfg, _built(self), no_encoder_attn)
+        if layer is None:
+            layer = CarryDecoderLayer(cfg, self.carry.site, self.sites, no_encoder_attn)
+            self.sites += len(layer.hc)
         return wrap_layer(layer, cfg)
 
     def begin_layers(self, x):
@@ -164,12 +187,12 @@ class CarryDecoder(LayerStackDecoder):
 
     def run_layer(self, idx, layer, x, state, encoder_out, encoder_padding_mask, incremental_state,
                   self_attn_mask, self_attn_padding_mask, need_attn):  # fmt: skip
-        state, attn, _ = layer(
-            state, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+        y, attn, _ = self.carry.call_layer(
+            self, idx, layer, x, state, encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
+            incremental_state=incremental_state, self_attn_mask=self_attn_mask,
             self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
         )  # fmt: skip
-        return self.carry.layer_output(state), state, attn
+        return *self.carry.after_layer(self, idx, x, y, state), attn
 
     def end_layers(self, x, state):
-        out = self.carry.end(self, x, state)
-        return self.layer_norm(out) if self.layer_norm is not None else out
+        return self.carry.output(self, x, state)

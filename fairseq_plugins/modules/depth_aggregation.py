@@ -29,11 +29,19 @@ W is a learned lower-triangular (L+1) x (L+1) matrix of scalars, no softmax; ini
 on 0..l, the authors' default) or ``one`` (all 1). LN_1 .. LN_L are L new LayerNorms. DLCL is not the
 identity at initialisation (the paper's design: every layer starts from the average of the earlier ones).
 The upper triangle of W is stored (zero) but never read.
+
+Each is declared to the one stack (modules/carry_stack.py) by its carry (modules/carry.py): ``DenseFormerCarry``
+and ``DLCLCarry`` below, on the residual axis's layers. Incremental decoding: the combinations are per position,
+so the stack is rebuilt from the current position's embedding at every step; beam search caches only attention's
+keys and values, as for the baseline.
 """
 
 import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
+
+from .carry import Carry
+from .depth_stack import DepthStack
 
 DLCL_INITS = ("avg", "one")
 
@@ -103,3 +111,54 @@ class DynamicLinearCombination(nn.Module):
     def forward(self, row: int, stack: Tensor) -> Tensor:
         """sum_{k=0..row} W[row, k] entries[k]; stack (row + 1, seq_len, batch, embed_dim)."""
         return _combine(self.weight[row, : row + 1], stack)
+
+
+class DenseFormerCarry(Carry):
+    """Y_i = DWA_i(X_0 .. X_i) after the blocks i with i mod p = 0, else Y_i = X_i; the state is the DepthStack of
+    every X_j, the stack's ``dwa`` its DepthWeightedAverages."""
+
+    version = "denseformer"
+
+    def __init__(self, dilation: int, period: int):
+        self.dilation, self.period = dilation, period
+
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
+        return {"dwa": DepthWeightedAverages(layers, self.dilation, self.period)}
+
+    def begin(self, stack: nn.Module, x: Tensor) -> DepthStack:
+        return DepthStack(x, len(stack.layers))
+
+    def layer_input(self, stack: nn.Module, idx: int, x: Tensor, state: DepthStack) -> Tensor:
+        return x
+
+    def after_layer(self, stack: nn.Module, idx: int, x: Tensor, y: Tensor, state: DepthStack):
+        state.push(y)
+        block = idx + 1
+        return (stack.dwa(block, state.chunks()[0]) if stack.dwa.has(block) else state.last), state
+
+
+class DLCLCarry(Carry):
+    """Layer l+1 reads x_{l+1} = sum_k W[l,k] LN_k(y_k); the state is the DepthStack of LN_k(y_k) (y_0 = the
+    embedding), the stack's ``dlcl`` its DynamicLinearCombination. ``export``: fairseq's LayerNorm choice
+    (cfg.export)."""
+
+    version = "dlcl"
+
+    def __init__(self, init: str, export: bool = False):
+        self.init, self.export = init, export
+
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
+        return {"dlcl": DynamicLinearCombination(layers, embed_dim, self.init, export=self.export)}
+
+    def begin(self, stack: nn.Module, x: Tensor) -> DepthStack:
+        return DepthStack(x, len(stack.layers))
+
+    def layer_input(self, stack: nn.Module, idx: int, x: Tensor, state: DepthStack) -> Tensor:
+        return stack.dlcl(idx, state.chunks()[0])
+
+    def after_layer(self, stack: nn.Module, idx: int, x: Tensor, y: Tensor, state: DepthStack):
+        state.push(stack.dlcl.normalize(idx + 1, y))
+        return y, state
+
+    def end(self, stack: nn.Module, x: Tensor, state: DepthStack) -> Tensor:
+        return stack.dlcl(len(stack.layers), state.chunks()[0])

@@ -2,7 +2,7 @@
 
 Heddes et al., "DeepCrossAttention" (arXiv:2502.06785), sections 3.1 ("Reducing memory and computation")
 and 5. Before layer t the stack holds, per token, the embedding x and the outputs f_0 ... f_{t-1} of the
-earlier layers (a layer's output is its sub-block outputs without its input, see dca_transformer.py).
+earlier layers (a layer's output is its sub-block outputs without its input, see dca.py).
 
 k-DCA keeps the embedding, the *sum* of the middle outputs and the last k outputs:
 

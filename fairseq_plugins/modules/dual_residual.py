@@ -21,12 +21,15 @@ their fp16 OPUS-100 runs.
 
 import types
 
+import torch
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
 from torch import Tensor, nn
+
+from .layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
 
 DUAL_LAYER_NORM_EPS = 1e-7
 
@@ -152,3 +155,76 @@ class ResiDualDecoderLayer(_BranchSum, TransformerDecoderLayerBase):
             self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights,
         )  # fmt: skip
         return x, self._take_branch_sum(), attn, self_attn_state
+
+
+# ResiDual's encoder and decoder: its own stack pair on layer_stack.py's loop rather than carry_stack.py's, which
+# TorchScript cannot compile (its hooks call a Python carry object); ResiDual scripts and prunes like the baseline.
+class ResiDualEncoder(LayerStackEncoder):
+    torchscript = True
+
+    def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.dual_stream = DualResidualStream(
+            embed_tokens.embedding_dim, dual_residual_scale, export=cfg.export
+        )
+
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(ResiDualEncoderLayer(cfg), cfg)
+
+    def begin_layers(self, x):
+        return self.dual_stream.start(x)
+
+    def run_layer(self, idx: int, layer: ResiDualEncoderLayer, x, dual, padding_mask: Tensor | None):
+        # TorchScript can pass a layer to a method only with its class named, and call it only by .forward
+        if torch.jit.is_scripting():
+            x, branch_sum = layer.forward(x, encoder_padding_mask=padding_mask)
+        else:
+            x, branch_sum = layer(x, encoder_padding_mask=padding_mask)
+        return x, self.dual_stream.add(dual, branch_sum)
+
+    def end_layers(self, x, dual):
+        return self.dual_stream.merge(x, dual)
+
+
+class ResiDualDecoder(LayerStackDecoder):
+    torchscript = True
+
+    def __init__(self, cfg, dictionary, embed_tokens, dual_residual_scale: float, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.dual_stream = DualResidualStream(
+            embed_tokens.embedding_dim, dual_residual_scale, export=cfg.export
+        )
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(ResiDualDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def begin_layers(self, x):
+        return self.dual_stream.start(x)
+
+    def run_layer(
+        self,
+        idx: int,
+        layer: ResiDualDecoderLayer,
+        x,
+        dual,
+        encoder_out: Tensor | None,
+        encoder_padding_mask: Tensor | None,
+        incremental_state: dict[str, dict[str, Tensor | None]] | None,
+        self_attn_mask: Tensor | None,
+        self_attn_padding_mask: Tensor | None,
+        need_attn: bool,
+    ):
+        if torch.jit.is_scripting():  # see ResiDualEncoder.run_layer
+            x, branch_sum, attn, _ = layer.forward(
+                x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+            )  # fmt: skip
+        else:
+            x, branch_sum, attn, _ = layer(
+                x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
+            )  # fmt: skip
+        return x, self.dual_stream.add(dual, branch_sum), attn
+
+    def end_layers(self, x, dual):
+        return self.dual_stream.merge(x, dual)

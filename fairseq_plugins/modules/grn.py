@@ -212,7 +212,7 @@ def _grn_kernel(chunks: list[Tensor], b: Tensor, w: Tensor | None, weight: Tenso
 
 
 NOT_SCRIPTABLE = (
-    "DeepCrossAttention (dca_transformer, GRN modules) cannot be compiled with torch.jit.script: its GRNs and "
+    "DeepCrossAttention (--depth-aggregation dca, its GRN modules) cannot be compiled with torch.jit.script: its GRNs and "
     "depth stack run hand-written torch.autograd.Function subclasses (TorchScript cannot compile them), its "
     "layers take the stack as a variable number of chunks (*chunks) and its layer loop carries a Python "
     "DepthStack object. Use the eager model (fairseq-generate, fairseq-interactive and the hub interface all do)."

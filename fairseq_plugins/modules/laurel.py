@@ -34,6 +34,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .carry import Carry
+
 VARIANTS = ("rw", "lr", "pa")
 RW_NORMS = ("none", "softmax")
 
@@ -91,3 +93,30 @@ class LaurelConnection(nn.Module):
         recent = history[::-1][: self.gamma.numel()]  # x_i, x_{i-1}, ...
         s = torch.tensordot(self.gamma[: len(recent)].to(y.dtype), torch.stack(recent), dims=1)
         return y + self.low_rank(s)
+
+
+class LaurelCarry(Carry):
+    """One LAuReL connection around every layer of a stack (modules/carry.py), the stack's ``laurel``: layer i's
+    output y_i becomes x_{i+1} = LAuReL_i(x_i, y_i, history); the state is the history of streams x_0 .. x_i that
+    PA reads (its last k entries). PA's history is per position, so incremental decoding rebuilds it at every step
+    and caches only attention's keys and values, as for the baseline. ``options``: LaurelConnection's keyword
+    arguments but ``embed_dim``."""
+
+    version = "laurel"
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.keep = options["pa_k"] if options["variant"] == "pa" else 1
+
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
+        return {"laurel": nn.ModuleList(LaurelConnection(embed_dim=embed_dim, **self.options) for _ in range(layers))}
+
+    def begin(self, stack: nn.Module, x: Tensor) -> list[Tensor]:
+        return [x]
+
+    def layer_input(self, stack: nn.Module, idx: int, x: Tensor, state: list[Tensor]) -> Tensor:
+        return x
+
+    def after_layer(self, stack: nn.Module, idx: int, x: Tensor, y: Tensor, state: list[Tensor]):
+        x = stack.laurel[idx](x, y, state)
+        return x, [*state, x][-self.keep :]

@@ -11,8 +11,9 @@ loops are copied here once, with three hooks a family overrides:
 
 With the defaults (no carry, final LayerNorm if present) the loops compute exactly what fairseq's do.
 Families whose layers only change *inside* a layer (Crossformer) do not need this module. The ideas whose carry
-is one small object behind one interface (hyper-connections, mHC, frac-connections, AttnRes: modules/carry.py)
-share one encoder and one decoder on this loop (modules/carry_stack.py).
+is one small object behind one interface (hyper-connections, mHC, frac-connections, AttnRes, DCA, MUDD,
+DenseFormer, DLCL, LAuReL: modules/carry.py) share one encoder and one decoder on this loop
+(modules/carry_stack.py); ResiDual keeps its own pair (modules/dual_residual.py), which TorchScript compiles.
 
 It lives in ``modules/`` (not ``models/``) so that the axes, which build the stacks, import it without importing
 the registered models (imports run models -> axes -> modules -> kernels).

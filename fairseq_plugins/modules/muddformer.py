@@ -46,10 +46,16 @@ import math
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules import LayerNorm
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
 from torch import Tensor, nn
 
 from ..kernels.grn_ops import once_differentiable
 from .attn_res import autocast_off, call
+from .carry import Carry
 from .skinny import skinny_matmul
 
 RMS_EPS = 1e-6
@@ -235,3 +241,94 @@ class MultiwayDenseConnections(nn.Module):
         if getattr(state, "outs", None) is not None:
             state.handles.append(call(_Keep, output, state.outs))
         return self.connections[index - 1](state)
+
+
+# ------------------------------------------------------------------------------------------- the layers, the carry
+# After each layer a MultiwayDenseConnection makes four inputs for the next layer from all earlier layer outputs
+# (Q, K, V ways into self-attention, each with its own LayerNorm, the code's ``sepln``; R its residual). The
+# layers are fairseq's Pre-LN layers (their parameter names stay) plus ``key_layer_norm``/``value_layer_norm``;
+# self_attn_layer_norm is LN_Q. Decoder cross-attention is an ordinary Pre-LN sublayer on X'_A (the module's
+# default ``ways=4``). The stack output is Xbar_L^R, then the final LayerNorm.
+#
+# fairseq's MultiheadAttention with ``self_attention=True`` projects K and V from the query argument, so the
+# layers switch that flag off: K and V are projected from their own ways; the incremental cache appends the new
+# position's K/V as for self-attention (static_kv off), so incremental decoding equals full decoding.
+
+
+class _MUDDLayer:
+    def _add_way_norms(self, embed_dim: int, export: bool) -> None:
+        self.key_layer_norm = LayerNorm(embed_dim, export=export)
+        self.value_layer_norm = LayerNorm(embed_dim, export=export)
+        self.self_attn.self_attention = False  # K, V from their own ways (the comment above)
+
+    def _ffn(self, x):
+        h = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
+        return x + self.dropout_module(self.fc2(h))
+
+
+class MUDDEncoderLayer(_MUDDLayer, TransformerEncoderLayerBase):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._add_way_norms(cfg.encoder.embed_dim, cfg.export)
+
+    def forward(self, ways, encoder_padding_mask, attn_mask=None):
+        q, k, v, r = ways
+        h, _ = self.self_attn(query=self.self_attn_layer_norm(q), key=self.key_layer_norm(k),
+                              value=self.value_layer_norm(v), key_padding_mask=encoder_padding_mask,
+                              need_weights=False, attn_mask=attn_mask)  # fmt: skip
+        return self._ffn(r + self.dropout_module(h))
+
+
+class MUDDDecoderLayer(_MUDDLayer, TransformerDecoderLayerBase):
+    def __init__(self, cfg, no_encoder_attn=False):
+        super().__init__(cfg, no_encoder_attn)
+        self._add_way_norms(cfg.decoder.embed_dim, cfg.export)
+
+    def forward(self, ways, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                self_attn_mask=None, self_attn_padding_mask=None, need_attn=False, need_head_weights=False):  # fmt: skip
+        q, k, v, r = ways
+        h, _ = self.self_attn(query=self.self_attn_layer_norm(q), key=self.key_layer_norm(k),
+                              value=self.value_layer_norm(v), key_padding_mask=self_attn_padding_mask,
+                              incremental_state=incremental_state, need_weights=False,
+                              attn_mask=self_attn_mask)  # fmt: skip
+        x = r + self.dropout_module(h)
+        attn = None
+        if self.encoder_attn is not None and encoder_out is not None:
+            need_attn = need_attn or need_head_weights
+            h, attn = self.encoder_attn(
+                query=self.encoder_attn_layer_norm(x), key=encoder_out, value=encoder_out,
+                key_padding_mask=encoder_padding_mask, incremental_state=incremental_state, static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
+            )  # fmt: skip
+            x = x + self.dropout_module(h)
+        return self._ffn(x), attn, None
+
+
+class MUDDCarry(Carry):
+    """MUDDFormer's carry (modules/carry.py): the state is (the stack's _State of block outputs, the four ways
+    for the next layer); the stack builds the MUDD layers above and its ``mudd`` (MultiwayDenseConnections);
+    the stack output is Xbar_L^R, then the final LayerNorm. MUDD checkpoints record no format version."""
+
+    version = None
+
+    def encoder_layer(self, cfg, index: int) -> nn.Module:
+        return MUDDEncoderLayer(cfg)
+
+    def decoder_layer(self, cfg, index: int, no_encoder_attn: bool) -> nn.Module:
+        return MUDDDecoderLayer(cfg, no_encoder_attn)
+
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
+        return {"mudd": MultiwayDenseConnections(embed_dim, layers)}
+
+    def begin(self, stack: nn.Module, x: Tensor):
+        return stack.mudd.start(x)
+
+    def layer_input(self, stack: nn.Module, idx: int, x: Tensor, state):
+        return state[1]
+
+    def after_layer(self, stack: nn.Module, idx: int, x: Tensor, y: Tensor, state):
+        outputs = state[0]
+        return y, (outputs, stack.mudd(idx + 1, outputs, y))
+
+    def end(self, stack: nn.Module, x: Tensor, state) -> Tensor:
+        return state[1][0]  # Xbar_L^R

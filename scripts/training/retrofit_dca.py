@@ -29,13 +29,11 @@ import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
+from fairseq_plugins.axes.aggregation import DCA
 from fairseq_plugins.models.baselines import AutocastTransformerModel
-from fairseq_plugins.models.dca_transformer import (
-    MODES,
-    check_dca_args,
-    initial_dca_state,
-)
 from fairseq_plugins.models.presets import PRESETS
+from fairseq_plugins.modules.dca import initial_dca_state
+from fairseq_plugins.modules.depth_stack import DCA_MODES
 from fairseq_plugins.validation import (
     PluginOptionError,
     argparse_type,
@@ -90,7 +88,7 @@ def retrofit(state: dict, dca_mode: str = "dca", dca_k: int = 0) -> dict:
     new_args = copy.deepcopy(args)
     new_args.dca_mode, new_args.dca_k = dca_mode, dca_k
     try:
-        check_dca_args(new_args)
+        DCA.check(new_args)
     except PluginOptionError as err:
         raise RetrofitError(str(err)) from None
     new_args.arch = new_args._name = matching_arch(new_args, dca_k)
@@ -129,8 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument("output", type=Path, metavar="OUT.pt", help="where to write the DCA checkpoint")
     parser.add_argument("--dca-k", type=argparse_type(check_int, "dca_k", 0, 10_000), default=0, metavar="K",
                         help="k-DCA's k: 0 (default) keeps every layer output; at most the number of layers")  # fmt: skip
-    parser.add_argument("--dca-mode", type=argparse_type(check_choice, "dca_mode", MODES), default="dca",
-                        metavar="MODE", help=f"one of {', '.join(MODES)} (default dca)")  # fmt: skip
+    parser.add_argument("--dca-mode", type=argparse_type(check_choice, "dca_mode", tuple(DCA_MODES)), default="dca",
+                        metavar="MODE", help=f"one of {', '.join(DCA_MODES)} (default dca)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.input.resolve() == args.output.resolve():
         parser.error("OUT.pt must differ from IN.pt")

@@ -1,4 +1,6 @@
-"""``dca_transformer``: DeepCrossAttention (Heddes et al., arXiv:2502.06785) in encoder and decoder.
+"""DeepCrossAttention (Heddes et al., arXiv:2502.06785) in encoder and decoder: its layers and its carry
+(modules/carry.py), run by the one stack of modules/carry_stack.py (``--depth-aggregation dca`` and ``dca-k``;
+the ``dca_transformer`` checkpoints and presets).
 
 The paper's decoder-only LM brought to encoder-decoder translation. In every encoder and decoder layer t, GRNs
 read the per-token stack G_t of the embedding and the earlier layers' outputs (modules/depth_stack.py) and
@@ -38,7 +40,7 @@ projections where the baseline keeps its residual stream and one. fairseq's ``in
 ``encoder_states``) hold the layer outputs f_t, on the stack buffer's memory.
 
 Named architectures (from the preset table): ``dca_e6d6`` ... ``dca_e36d6``, ``dca_k2_*`` (k-DCA, k = 2) and
-their ``iwslt_`` widths.
+their ``iwslt_`` widths. The options are checked by the declaration (axes/aggregation.py's ``DCA``).
 """
 
 import torch
@@ -47,22 +49,14 @@ from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..modules.depth_stack import (
-    DCA_MODES,
-    DepthStack,
-    build_grn,
-    effective_k,
-    stack_entries,
-)
-from ..modules.grn import GRN
-from ..modules.layer_stack import LayerStackDecoder, LayerStackEncoder, wrap_layer
-from ..validation import PluginOptionError, check_choice, check_int
+from .carry import Carry
+from .depth_stack import DepthStack, build_grn, effective_k, stack_entries
+from .grn import GRN
+from .layer_stack import FORMAT_VERSION
 
-MODES = tuple(DCA_MODES)
-MAX_DCA_K = 10_000  # parse-time bound only; build_model bounds k by the model's depth
-DCA_FORMAT_VERSION = 1.0  # of the GRN parameters, for upgrade_state_dict_named should their layout change
+DCA_FORMAT_VERSION = FORMAT_VERSION  # of the GRN parameters (``dca_version``), for upgrade_state_dict_named
 
 
 class _ReadsStack:
@@ -138,7 +132,7 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
         )  # fmt: skip
 
     # Copied from fairseq 0.12.3 TransformerDecoderLayerBase.forward, Pre-LN branch, without cross-self-attention
-    # (rejected in check_dca_args) and the NormFormer scalings (not options of the translation transformer);
+    # (refused by axes/aggregation.py's DCA) and the NormFormer scalings (not options of the translation transformer);
     # changed: the inputs, and the output excludes the input.
     def forward(
         self,
@@ -177,100 +171,50 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
         return torch.add(branches, self.dropout_module(self.fc2(x)), out=out), attn, None
 
 
-class _DCAStack:
-    """What DCA's encoder and decoder share: GRN sizes by layer, the output GRN and the stack's life cycle.
+class DCACarry(Carry):
+    """DCA's carry (modules/carry.py): the state is the DepthStack G_t of the embedding and the layer outputs
+    (k-DCA's form for ``k`` > 0, bounded by each stack's depth: ``effective_k``); the stack builds DCA's own
+    layers, each given the GRN(s) for its position in the stack, and the stack's ``output_grn`` gives
+    y = GRN(G_{T+1}), fused with the final LayerNorm."""
 
-    ``_init_dca`` runs before the fairseq base ``__init__``, whose ``build_*_layer`` hook is then called once
-    per layer, in order, and gives each layer the GRN for its position in the stack (no layer index is passed
-    to the hook, see FAIRSEQ_NOTES).
-    """
-
+    version = "dca"
     torchscript_unsupported_reason = (
         "DeepCrossAttention's GRNs and depth stack run hand-written torch.autograd.Function subclasses, its layers "
         "take the stack as a variable number of chunks and its layer loop carries a Python DepthStack"
     )
 
-    def _init_dca(self, mode: str, k: int, num_layers: int) -> None:
-        self.dca_mode, self.dca_k, self._dca_layers_built = mode, effective_k(k, num_layers), 0
+    def __init__(self, mode: str, k: int):
+        self.mode, self.k = mode, k
 
-    def _next_layer_grn(self, embed_dim: int) -> GRN:
-        t, self._dca_layers_built = self._dca_layers_built, self._dca_layers_built + 1
-        return build_grn(self.dca_mode, embed_dim, stack_entries(t, self.dca_k))
+    def _grn(self, embed_dim: int, index: int, layers: int) -> GRN:
+        return build_grn(self.mode, embed_dim, stack_entries(index, effective_k(self.k, layers)))
 
-    def _finish_dca(self, embed_dim: int, num_layers: int) -> None:
-        self.output_grn = build_grn(self.dca_mode, embed_dim, stack_entries(num_layers, self.dca_k), output=True)
-        self.register_buffer("dca_version", torch.tensor([DCA_FORMAT_VERSION]))
+    def encoder_layer(self, cfg, index: int) -> nn.Module:
+        return DCAEncoderLayer(cfg, self._grn(cfg.encoder.embed_dim, index, cfg.encoder.layers))
 
-    def begin_layers(self, x):
-        return DepthStack(x, len(self.layers), self.dca_k)
+    def decoder_layer(self, cfg, index: int, no_encoder_attn: bool) -> nn.Module:
+        return DCADecoderLayer(cfg, self._grn(cfg.decoder.embed_dim, index, cfg.decoder.layers), no_encoder_attn)
 
-    def end_layers(self, x, stack: DepthStack):
+    def stack_modules(self, embed_dim: int, sites: int, layers: int) -> dict[str, nn.Module]:
+        k = effective_k(self.k, layers)
+        return {"output_grn": build_grn(self.mode, embed_dim, stack_entries(layers, k), output=True)}
+
+    def begin(self, stack: nn.Module, x: Tensor) -> DepthStack:
+        return DepthStack(x, len(stack.layers), effective_k(self.k, len(stack.layers)))
+
+    def call_layer(self, stack: nn.Module, idx: int, layer, x: Tensor, state: DepthStack, **kwargs):
+        # the GRNs and the layer write into the stack's buffers (grn_out, next_slot) when decoding
+        return layer(*state.chunks(), grn_out=state.grn_out(layer.grn.num_outputs), out=state.next_slot(), **kwargs)
+
+    def after_layer(self, stack: nn.Module, idx: int, x: Tensor, y: Tensor, state: DepthStack):
+        state.push(y)
+        return state.last, state
+
+    def output(self, stack: nn.Module, x: Tensor, state: DepthStack) -> Tensor:
         # y = GRN(G_{T+1}), then the final LayerNorm (fused: y is recomputed in backward, not kept)
-        if self.layer_norm is None:
-            return self.output_grn(stack.chunks())[0]
-        return self.output_grn(stack.chunks(), norm=self.layer_norm, out=stack.grn_out(1))[1][0]
-
-
-class DCAEncoder(_DCAStack, LayerStackEncoder):
-    def __init__(self, cfg, dictionary, embed_tokens, dca_mode: str, dca_k: int):
-        self._init_dca(dca_mode, dca_k, cfg.encoder.layers)
-        super().__init__(cfg, dictionary, embed_tokens)
-        self._finish_dca(cfg.encoder.embed_dim, cfg.encoder.layers)
-
-    def build_encoder_layer(self, cfg):
-        return wrap_layer(DCAEncoderLayer(cfg, self._next_layer_grn(cfg.encoder.embed_dim)), cfg)
-
-    def run_layer(self, idx, layer, x, stack: DepthStack, padding_mask):
-        grn_out, out = stack.grn_out(layer.grn.num_outputs), stack.next_slot()
-        stack.push(layer(*stack.chunks(), encoder_padding_mask=padding_mask, grn_out=grn_out, out=out))
-        return stack.last, stack
-
-
-class DCADecoder(_DCAStack, LayerStackDecoder):
-    def __init__(self, cfg, dictionary, embed_tokens, dca_mode: str, dca_k: int, no_encoder_attn=False):
-        self._init_dca(dca_mode, dca_k, cfg.decoder.layers)
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self._finish_dca(cfg.decoder.embed_dim, cfg.decoder.layers)
-
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(DCADecoderLayer(cfg, self._next_layer_grn(cfg.decoder.embed_dim), no_encoder_attn), cfg)
-
-    def run_layer(self, idx, layer, x, stack: DepthStack, encoder_out, encoder_padding_mask, incremental_state,
-                  self_attn_mask, self_attn_padding_mask, need_attn):  # fmt: skip
-        f, attn, _ = layer(
-            *stack.chunks(), encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
-            incremental_state=incremental_state, self_attn_mask=self_attn_mask,
-            self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn, need_head_weights=need_attn,
-            grn_out=stack.grn_out(layer.grn.num_outputs), out=stack.next_slot(),
-        )  # fmt: skip
-        stack.push(f)
-        return stack.last, stack, attn
-
-
-def check_dca_args(args) -> None:
-    """Reject options outside their range or that DCA's layers do not implement, naming them."""
-    args.dca_mode = check_choice("dca_mode", args.dca_mode, MODES)
-    depth = max(args.encoder_layers, args.decoder_layers)
-    try:
-        args.dca_k = check_int("dca_k", args.dca_k, 0, depth)
-    except PluginOptionError as err:
-        raise PluginOptionError(
-            f"{err} (0 keeps every layer output; k = the number of layers already does, so larger k is "
-            f"rejected; the deeper side has {depth} layers)"
-        ) from None
-    for side in ("encoder", "decoder"):
-        if not getattr(args, f"{side}_normalize_before", False):
-            raise PluginOptionError(
-                f"dca_transformer needs --{side}-normalize-before: DCA is built on Pre-LN layers "
-                "(the GRNs replace the Pre-LN residual stream)"
-            )
-        if (getattr(args, f"{side}_layerdrop", 0) or 0) != 0 or getattr(args, f"{side}_layers_to_keep", None):
-            raise PluginOptionError(
-                f"--{side}-layerdrop and --{side}-layers-to-keep cannot be used with dca_transformer: every "
-                "layer owns GRNs sized by its position in the stack"
-            )
-    if getattr(args, "cross_self_attention", False):
-        raise PluginOptionError("--cross-self-attention cannot be used with dca_transformer")
+        if stack.layer_norm is None:
+            return stack.output_grn(state.chunks())[0]
+        return stack.output_grn(state.chunks(), norm=stack.layer_norm, out=state.grn_out(1))[1][0]
 
 
 def initial_dca_state(args) -> dict[str, Tensor]:
