@@ -24,7 +24,7 @@ from scripts.study import (
 
 from . import recipe_fixtures as fx
 from .helpers import REPO
-from .study_fixtures import MODEL_ARGS, recipe, slow
+from .study_fixtures import MODEL_ARGS, recipe, recipes_side_by_side, slow
 
 # ------------------------------------------------------------------------------------------- in-process
 
@@ -321,18 +321,26 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
                for r in results["runs"])  # fmt: skip
     assert "for 4 of 4 runs (eval/valid_check.json): every one within" in md
 
-    # a study's records without checkpoints, data or logs (as committed under docs/study) are reused as they are
-    copy = tmp_path / "copy"
+    # a study's records without checkpoints, data or logs (as committed under docs/study) are reused as they are;
+    # a partial grid (the baseline's seed 2 missing) reports what finished, pairing only seeds with a baseline; but
+    # records are not reused under another set-up (the run names do not carry the budget). Three copies of the
+    # records, three studies side by side (none writes where another reads)
+    copy, partial, other_dir = tmp_path / "copy", tmp_path / "partial", tmp_path / "other"
     shutil.copytree(tmp_path / "out", copy, ignore=shutil.ignore_patterns("checkpoints", "data", "data-bin", "logs"))
-    third = recipe("study.sh", {**env, "OUT_DIR": str(copy)})
+    # the partial grid keeps the prepared data (only the reuse above needs to prepare it again)
+    shutil.copytree(tmp_path / "out", partial, ignore=shutil.ignore_patterns("checkpoints", "data", "logs",
+                                                                             "transformer_preln_e6d6.*.s2"))  # fmt: skip
+    shutil.copytree(tmp_path / "out", other_dir, ignore=shutil.ignore_patterns("checkpoints", "data", "logs"))
+    third, reported, other = recipes_side_by_side(("study.sh", {**env, "OUT_DIR": str(copy)}),
+                                                  ("study.sh", {**env, "OUT_DIR": str(partial), "REPORT_ONLY": "1"}),
+                                                  ("study.sh", {**env, "OUT_DIR": str(other_dir), "MAX_UPDATE": "5"}),
+                                                  check=False)  # fmt: skip
+    for proc in (third, reported):
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, mtime in done.items():
         assert study_common.read_curves(copy / "runs" / name / "train.log")["attempts"] == 1
     again = json.loads((copy / "results.json").read_text())
     assert [r["bleu"] for r in again["runs"]] == [r["bleu"] for r in results["runs"]], third.stdout[-2000:]
-    # a partial grid (the baseline's seed 2 missing) reports what finished, pairing only seeds with a baseline
-    partial = tmp_path / "partial"
-    shutil.copytree(copy, partial, ignore=shutil.ignore_patterns("transformer_preln_e6d6.*.s2", "data", "data-bin"))
-    recipe("study.sh", {**env, "OUT_DIR": str(partial), "REPORT_ONLY": "1"})
     report = json.loads((partial / "results.json").read_text())
     assert report["report_only"] and [m.split(".")[0] for m in report["missing"]] == ["transformer_preln_e6d6"]
     rows = {r["arch"]: r for r in report["models"]}
@@ -340,10 +348,8 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     assert rows["residual_e6d6"]["p_values"][0] is not None and rows["residual_e6d6"]["p_values"][1] is None
     assert report["reading"].startswith("Partial report, 3 of 4 runs")
     assert "**Partial**" in (partial / "results.md").read_text() and not list((partial / "runs").glob("*/checkpoints"))
-    # ... but not under another set-up: the run names do not carry the budget
-    other = recipe("study.sh", {**env, "OUT_DIR": str(copy), "MAX_UPDATE": "5"}, check=False)
     assert other.returncode == 1 and "--max-update 4 before, 5 now" in other.stderr, other.stderr[-2000:]
-    assert f"OUT_DIR (--out-dir)={copy} holds run" in other.stderr
+    assert f"OUT_DIR (--out-dir)={other_dir} holds run" in other.stderr
 
 
 @slow

@@ -8,6 +8,7 @@ GPUs, CPUs, memory, time, array lines) and submits nothing. The settings' checks
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from scripts.study import study, study_common, study_run, study_submitit
 
 from . import recipe_fixtures as fx
 from .helpers import REPO
-from .study_fixtures import MODEL_ARGS, recipe, slow
+from .study_fixtures import MODEL_ARGS, recipe, recipes_side_by_side, slow
 
 PRELN, RESIDUAL = "transformer_preln_e6d6", "residual_e6d6"
 # what differs between two studies of the same runs: when they ran (results.json; curves' points lose their seconds)
@@ -66,8 +67,9 @@ def _report(out) -> dict:
 
 @slow
 def test_grid_through_submitit_reports_as_the_local_path(data_bin, tmp_path):
-    local = recipe("study.sh", _env(data_bin, tmp_path / "local", JOBS="4"))
-    jobs = recipe("study.sh", _env(data_bin, tmp_path / "submitit", EXECUTOR="submitit-local"))
+    # the two studies side by side (each its own OUT_DIR): neither waits for the other's one-process phases
+    local, jobs = recipes_side_by_side(("study.sh", _env(data_bin, tmp_path / "local", JOBS="4")),
+                                       ("study.sh", _env(data_bin, tmp_path / "submitit", EXECUTOR="submitit-local")))  # fmt: skip
     # the first seeds as one array, the second seeds as another once their model's setting is chosen
     assert jobs.stdout.count("submitted 2 run(s) as a job array") == 2, jobs.stdout[-3000:] + jobs.stderr[-3000:]
     runs = tmp_path / "submitit" / "runs"
@@ -109,17 +111,52 @@ def test_a_preempted_job_is_requeued_and_resumes_and_a_failed_run_is_named(data_
     assert [(r["arch"], r["updates"]) for r in report["runs"]] == [(PRELN, 4)] and report["missing"] == [failing.name]
 
 
+class _JobsHere:
+    """submitit's executor as study_submitit uses it, running each submitted job's callable (RunJob: the run's real
+    fairseq-train, evaluation and records) in this process when submitted, instead of in a job process of its own."""
+
+    def __init__(self):
+        self.arrays: list[list[str]] = []
+
+    def submit_array(self, fns):
+        self.arrays.append([fn.run.name for fn in fns])
+        return [_FinishedJob(f"{len(self.arrays)}_{index}", fn()) for index, fn in enumerate(fns)]
+
+
+class _FinishedJob:
+    def __init__(self, job_id: str, outcome: dict):
+        self.job_id, self.outcome = job_id, outcome
+
+    def done(self, force_check=False):
+        return True
+
+    def result(self):
+        return self.outcome
+
+
 @slow
-def test_later_seeds_waiting_for_a_failed_tuning_run_are_named(data_bin, tmp_path):
-    """A tuning run failing in its job: its model's later seed is never submitted, and named as waiting."""
+def test_later_seeds_waiting_for_a_failed_tuning_run_are_named(data_bin, tmp_path, monkeypatch):
+    """A tuning run failing in its job: its model's later seed is never submitted, and named as waiting. The jobs run
+    here (their submitit processes, and a real job's failure, are the preemption test's); the study is study.main."""
     out = tmp_path / "out"
     failing = out / "runs" / f"{RESIDUAL}.warmup.lr0.001.wu400.s1"
     failing.mkdir(parents=True)
     (failing / "checkpoints").write_text("not a directory")
-    proc = recipe("study.sh", _env(data_bin, out, EXECUTOR="submitit-local", ARCHS=RESIDUAL), check=False)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"1 of 2 runs failed (training {failing.name} failed (exit 1)" in proc.stderr
-    assert f"not started, waiting for their model's failed tuning run: {RESIDUAL} seed 2" in proc.stderr
+    executor = _JobsHere()
+    monkeypatch.setattr(study_submitit, "make_executor", lambda args, script_only=False: executor)
+    monkeypatch.delenv(study_run.INTERRUPT_HOOK, raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # study_submitit._submit sets it for its jobs
+    argv = ["--data-bin", str(data_bin), "--out-dir", str(out), "--archs", RESIDUAL, "--seeds", "1 2", "--max-update",
+            "4", "--valid-every", "2", "--bootstrap", "20", "--model-args", MODEL_ARGS, "--threads", "1",
+            "--executor", "submitit-local"]  # fmt: skip
+    try:  # study.main silences fairseq's logging below errors for its console: restored for the other tests
+        with pytest.raises(study_common.RecipeError) as err:
+            study.main(argv)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert f"1 of 2 runs failed (training {failing.name} failed (exit 1)" in str(err.value)
+    assert f"not started, waiting for their model's failed tuning run: {RESIDUAL} seed 2" in str(err.value)
+    assert executor.arrays == [[failing.name]]  # the later seed was never submitted
     assert not (out / "runs" / f"{RESIDUAL}.warmup.lr0.001.wu400.s2").exists()
 
 
