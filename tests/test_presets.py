@@ -1,5 +1,13 @@
 """Every named architecture of the plugin: built from the one preset table, shaped as its name says, and
-trainable (forward and backward reach every parameter, as distributed training requires)."""
+trainable (forward and backward reach every parameter, as distributed training requires).
+
+Presets as data (issue 54 item 5): every row parses to its preset's shape; one row of each family and depth is
+built at tiny width and has its named number of layers (at tiny width a family's two widths are one model: the
+other row parses to the same arguments); each family trains at its shallowest symmetric depth (E6D6) and its
+shallowest deeper-encoder one (E12D6)."""
+
+import copy
+from argparse import Namespace
 
 import pytest
 import torch
@@ -12,7 +20,7 @@ from fairseq.models.transformer import (
 
 from fairseq_plugins.models import DEPTHS, PRESETS, WIDTHS
 
-from .helpers import build_model, parse_model_args, random_batch
+from .helpers import TinyTask, build_model, parse_model_args, random_batch
 
 
 def test_every_family_has_every_depth_and_width():
@@ -26,6 +34,35 @@ def test_every_family_has_every_depth_and_width():
                 assert f"{family}_{width}{depth}" in ARCH_MODEL_REGISTRY
 
 
+def _twin_key(arch: str) -> tuple:
+    """What a row is apart from its width: its family, model, depth and settings."""
+    p = PRESETS[arch]
+    return p.family, p.model, p.encoder_layers, p.decoder_layers, repr(sorted(p.settings.items()))
+
+
+# at tiny width (TINY overrides every width setting) a family's two widths of one depth are one model: the row of
+# the first width (the base one) is built, its twin of the other width shows that it parses to the same arguments
+BUILT: dict[tuple, str] = {}
+for _arch in sorted(PRESETS, key=lambda a: list(WIDTHS.values()).index(PRESETS[a].width)):
+    BUILT.setdefault(_twin_key(_arch), _arch)
+# the rows that train (forward and backward): per family its shallowest symmetric depth and its shallowest
+# deeper-encoder depth (where an encoder layer has no decoder layer of the same index); a family of one
+# preset trains that one
+TRAINED = set()
+for _family in {p.family for p in PRESETS.values()}:
+    _built = sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers, a) for a in BUILT.values()
+                    if PRESETS[a].family == _family)  # fmt: skip
+    for _deeper_encoder in (False, True):
+        TRAINED.update([a for e, d, a in _built if (e > d) == _deeper_encoder][:1])
+_TINY_ARGS: dict[str, dict] = {}  # arch -> its parsed tiny-width arguments (a twin reads its built row's)
+
+
+def _tiny_args(arch: str) -> Namespace:
+    if arch not in _TINY_ARGS:
+        _TINY_ARGS[arch] = copy.deepcopy(vars(parse_model_args(arch)))
+    return Namespace(**copy.deepcopy(_TINY_ARGS[arch]))
+
+
 @pytest.mark.parametrize("arch", sorted(PRESETS))
 def test_preset_sets_shape_and_builds_at_tiny_width(arch):
     preset = PRESETS[arch]
@@ -35,15 +72,34 @@ def test_preset_sets_shape_and_builds_at_tiny_width(arch):
     assert args.encoder_ffn_embed_dim == args.decoder_ffn_embed_dim == preset.width.ffn_dim
     assert args.encoder_attention_heads == args.decoder_attention_heads == preset.width.heads
 
-    model = build_model(arch).train()
+    built = BUILT[_twin_key(arch)]
+    if built != arch:  # the same model class with the same arguments builds the same model: its twin's test builds it
+        assert ARCH_MODEL_REGISTRY[arch] is ARCH_MODEL_REGISTRY[built]
+        assert vars(_tiny_args(arch)) == {**vars(_tiny_args(built)), "arch": arch}
+        return
+    torch.manual_seed(0)  # as helpers.build_model, from the arguments parsed once
+    model = ARCH_MODEL_REGISTRY[arch].build_model(_tiny_args(arch), TinyTask()).train()
     assert len(model.encoder.layers) == preset.encoder_layers
     assert len(model.decoder.layers) == preset.decoder_layers
+    if arch not in TRAINED:
+        return
     src, lengths, prev = random_batch(model)
     logits, _ = model(src, lengths, prev)
     logits.float().logsumexp(-1).mean().backward()
     assert torch.isfinite(logits).all()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not unused, f"parameters without gradient (breaks DDP): {unused[:5]}"
+
+
+def test_every_family_trains_at_a_symmetric_and_a_deeper_encoder_depth():
+    """The training rows above: two per family of presets at every depth, one per family of one preset."""
+    families = {p.family for p in PRESETS.values()}
+    for family in families:
+        rows = [a for a in TRAINED if PRESETS[a].family == family]
+        if sum(p.family == family for p in PRESETS.values()) == 1:
+            assert len(rows) == 1, family
+        else:
+            assert sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers) for a in rows) == [(6, 6), (12, 6)]
 
 
 def test_command_line_overrides_the_preset():
