@@ -37,10 +37,19 @@ def loader(kernel: ModuleType, what: str) -> Callable[[], ctypes.CDLL | None]:
     return loaded
 
 
+def assume_constant_result(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo``, which that wrapper does first:
+    about 1.3 s of CPU, a third of importing the plugin, in every fairseq process (fairseq itself never imports
+    it). The decorator only marks the function (torch/_dynamo/decorators.py); tests/test_kernel_switch.py holds
+    the mark equal to torch's, so a torch that marks otherwise fails there."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def availability(kernel: ModuleType) -> Callable[[], bool]:
     """``kernel``'s ``_available()``: whether its library can be had (loading it on the first call)."""
 
-    @torch.compiler.assume_constant_result
+    @assume_constant_result
     def constant() -> bool:  # a constant to torch.compile: tracing does not step into the loader
         return kernel.loaded() is not None
 
