@@ -15,10 +15,10 @@ from fairseq.logging import metrics
 from fairseq_plugins.criterions.label_smoothed_cross_entropy_with_guidance import (
     LabelSmoothedCrossEntropyWithGuidanceCriterion,
 )
-from fairseq_plugins.models.crossformer import expected_tied_parameter_saving
 from fairseq_plugins.modules.cross_layer_guidance import (
     BLOCKS,
     TiedLinear,
+    expected_tied_parameter_saving,
     guidance_pairs,
     projections,
 )

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fairseq_plugins.models.crossformer import expected_tied_parameter_saving
+from fairseq_plugins.modules.cross_layer_guidance import expected_tied_parameter_saving
 
 from .helpers import build_model, load_script, make_dictionary, parse_model_args
 

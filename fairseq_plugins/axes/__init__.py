@@ -63,7 +63,7 @@ the same facts, overridden where they differ.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..validation import STORED_ARGS, PluginOptionError, argparse_type
+from ..validation import STORED_ARGS, PluginOptionError, argparse_type, check_choice
 
 
 @dataclass(frozen=True)
@@ -234,8 +234,6 @@ def declarations() -> dict[str, dict[str, type]]:
 
 def resolve(args) -> Plan:
     """The Plan of ``args`` (every axis set, names checked), or PluginOptionError naming the option."""
-    from ..validation import check_choice
-
     picked = {}
     for axis, table in tables().items():
         value = getattr(args, axis)

@@ -20,6 +20,8 @@ included, as the papers replace every norm.
 
 from torch import nn
 
+from ..modules.derf import ALPHA_INIT, DynamicErf
+from ..modules.dyt import DynamicTanh
 from ..validation import check_float
 from . import KEEPS_PACE, Choice, Option, set_defaults_since
 
@@ -59,8 +61,6 @@ class DyT(Norm):
 
     @classmethod
     def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
-        from ..modules.dyt import DynamicTanh
-
         return DynamicTanh(normalized_shape, eps)
 
 
@@ -95,8 +95,6 @@ class Derf(Norm):
 
     @classmethod
     def make(cls, normalized_shape, eps: float, args=None) -> nn.Module:
-        from ..modules.derf import ALPHA_INIT, DynamicErf
-
         alpha = getattr(args, "derf_alpha_init", None)
         return DynamicErf(normalized_shape, eps, alpha_init=ALPHA_INIT if alpha is None else alpha)
 

@@ -17,6 +17,7 @@ guidance (the regulariser of eq. 1-2, ``--guidance``/``--guidance-norm`` and the
 configuration (models/axes_transformer.py).
 """
 
+from ..modules.cross_layer_guidance import BLOCKS, check_guidance, guided_blocks
 from ..validation import PluginOptionError
 from . import MATCHES, Choice, Speed
 
@@ -69,8 +70,6 @@ TYINGS: dict[str, type[Tying]] = {c.name: c for c in (NoTying, KeyQuery, FFN, Va
 
 def check_tying(name: str, value) -> str:
     """A choice's name, or a comma list of distinct blocks; else PluginOptionError naming ``--tying``."""
-    from ..models.crossformer import BLOCKS, check_guidance
-
     if value in TYINGS:
         return value
     try:
@@ -84,8 +83,6 @@ def check_tying(name: str, value) -> str:
 
 def combined_tying(value: str) -> type[Tying]:
     """A choice for a comma list of blocks (``key-query,ffn``), which Crossformer's presets accept."""
-    from ..models.crossformer import check_guidance, guided_blocks
-
     name = check_guidance("tying", value)
     # a combination of blocks is a variant of Crossformer's hard guidance, as ``all`` is: All's capabilities
     return TYINGS.get(name) or type("CombinedTying", (All,), {"name": name, "blocks": guided_blocks(name),

@@ -34,14 +34,17 @@ from ..axes import norm as norm_axis
 from ..axes import value_residual
 from ..axes.tying import check_tying
 from ..fairseq_hooks import check_choice_suggesting
+from ..modules import admin
 from ..modules.compiled import compile_ideas
 from ..modules.cross_layer_guidance import (
     NORMS as GUIDANCE_NORMS,
 )
 from ..modules.cross_layer_guidance import (
     TiedLinear,
+    check_guidance,
     guidance_loss,
     guidance_pairs,
+    guided_blocks,
     materialise_tied_projections,
     tie_pairs,
 )
@@ -53,6 +56,7 @@ from ..validation import (
     check_choice,
     check_model_shape,
 )
+from .crossformer import record_pruned_layer_ids, recorded_layer_ids
 from .layer_pruning import SIDES, check_layers_to_keep
 
 MODEL = "residual_axes"
@@ -60,9 +64,7 @@ AXIS_DEFAULTS = {"residual": "pre", "depth_aggregation": "none", "tying": "none"
 
 
 def check_soft_guidance(name: str, value) -> str:
-    """``none``, ``all`` or a comma list of Crossformer's blocks (crossformer.check_guidance)."""
-    from .crossformer import check_guidance
-
+    """``none``, ``all`` or a comma list of Crossformer's blocks (cross_layer_guidance.check_guidance)."""
     return "none" if value == "none" else check_guidance(name, value)
 
 
@@ -198,8 +200,6 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
                 "would still run the original model's code; drop one of them"
             )
         check_layers_to_keep(args)  # fairseq's list-vs-string and one-sided pruning bugs (layer_pruning.py)
-        from .crossformer import record_pruned_layer_ids
-
         record_pruned_layer_ids(args)
         model = super().build_model(args, task)
         norm_axis.replace_norms_(model.encoder, plan.norm, args)
@@ -240,8 +240,6 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         plan = plan_of(args)
         self.plan = plan
         self.torchscript = plan.residual.scriptable(args)
-        from .crossformer import guided_blocks, recorded_layer_ids
-
         def pairs(blocks):
             return {
                 side: guidance_pairs(len(getattr(self, side).layers), blocks, recorded_layer_ids(args, side))
@@ -268,8 +266,6 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
     def profile_admin(self, src_tokens, src_lengths, prev_output_tokens, **kwargs) -> None:
         """Admin: set every omega from one forward pass on this batch (in the current train/eval mode)."""
-        from ..modules import admin
-
         admin.profile_(
             self.encoder.layers, self.decoder.layers,
             lambda: super(AxesTransformerModel, self).forward(src_tokens, src_lengths, prev_output_tokens, **kwargs),
@@ -302,7 +298,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Give tied lower projections their own entries before fairseq prunes layers (Crossformer-HG's
-        ``upgrade_state_dict_named``, crossformer.py)."""
+        ``upgrade_state_dict_named``, modules/cross_layer_guidance.py)."""
         super().upgrade_state_dict_named(state_dict, name)
         if self.plan.tying.blocks:
             for side in SIDES:

@@ -110,7 +110,7 @@ ROWS: dict[str, tuple[str, dict]] = {  # in the registration order of the code b
 }
 for _prefix, (_model, _settings) in ROWS.items():
     register_family(_prefix, _model, family_architecture(_model), _settings)
-    if _prefix == "crossformer_hg_value":  # Crossformer-All, table 2's one configuration (crossformer.py)
+    if _prefix == "crossformer_hg_value":  # Crossformer-All, table 2's one configuration (modules/cross_layer_guidance.py)
         register_preset("crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""],
                         family_architecture("crossformer_hg"), {"guidance": "all"})  # fmt: skip
 

@@ -35,6 +35,17 @@ Interpretations (the paper leaves these open):
   layers stay paired (tied, or regularized) only if they were adjacent before pruning, with the pair's
   projections chosen by the parity of the original t; a lower projection whose partner was pruned becomes
   the layer's own projection, holding the shared weights it was trained with.
+
+The models: ``crossformer_sg`` (soft guidance) is fairseq's Pre-LN transformer, unchanged, exposing L_reg through
+``guidance_loss()``, which the criterion ``label_smoothed_cross_entropy_with_guidance`` adds as
+L = L_nll + alpha * L_reg (eq. 2); ``crossformer_hg`` (hard guidance) ties the pairs (``--tying``). Presets
+(models/families.py): ``crossformer_sg_*`` and ``crossformer_hg_*`` with ``key-query`` (the paper's proof of
+concept and its deep-model setting, table 3), ``crossformer_hg_ffn_*`` and ``crossformer_hg_value_*`` (table 1's
+other hard-guidance rows), and ``crossformer_all_e16d6``, the paper's parameter-matched Crossformer-All (table 2:
+all three blocks hard-guided, base width, "16" layers). "16" is read as 16 encoder and 6 decoder layers, like
+table 3's "36" (36 encoder, 6 decoder), the only reading that matches the 6+6 Transformer-base: 60,546,560 vs
+60,524,544 parameters for a 32K joint vocabulary (the paper's 60M vs 61M comes from its per-block count, which
+drops biases and LayerNorms and counts a partner for the top layer); 16+16 would have 87M, 8+8 53M.
 """
 
 import functools
@@ -46,6 +57,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..validation import PluginOptionError, check_choice_list
 
 BLOCKS = ("key-query", "ffn", "value")
 NORMS = ("l1", "l2")
@@ -244,3 +257,46 @@ def tied_parameter_count(pairs: Iterable[GuidancePair], embed_dim: int, ffn_dim:
         out_dim = out_features.get(name, embed_dim)
         count += out_dim * in_features.get(name, embed_dim) + (out_dim if bias else 0)
     return count
+
+
+# ------------------------------------------------------------------ the blocks --guidance and --tying name
+
+ALL_BLOCKS = "all"
+
+
+def check_guidance(name: str, value) -> str:
+    """``all`` or a comma-separated list of distinct blocks from BLOCKS; returned as a canonical string."""
+    items = check_choice_list(name, value, (*BLOCKS, ALL_BLOCKS))
+    if ALL_BLOCKS in items and len(items) > 1:
+        flag = "--" + name.replace("_", "-")
+        raise PluginOptionError(f"{flag}: 'all' stands alone (it means {','.join(BLOCKS)}); got {value!r}")
+    return ",".join(items)
+
+
+def guided_blocks(guidance: str) -> tuple[str, ...]:
+    return BLOCKS if guidance == ALL_BLOCKS else tuple(guidance.split(","))
+
+
+def expected_tied_parameter_saving(args) -> int:
+    """Parameters a ``crossformer_hg`` model has fewer than fairseq's transformer of the same shape.
+
+    Each tied pair removes its lower projection (weight and bias): key-query, W_V and W_F pairs
+    d_model^2 + d_model each, W1 pairs d_model*d_ffn + d_ffn, W2 pairs d_ffn*d_model + d_model. A stack of
+    T layers has T-1 pairs per guided block, so with d_ffn = 4 d_model its weights shrink by (T-1) times
+    the paper's per-block saving (section 2.2, "Model proprieties": 1 d_m^2 key-query, 4 d_m^2 FFN,
+    1 d_m^2 value, 6 d_m^2 all); the paper's count of T blocks ignores that the top layer has no partner.
+    Returns 0 for a model that ties nothing (``--tying none``, e.g. ``crossformer_sg``). ``args`` as parsed for
+    ``--arch``.
+    """
+    tying = getattr(args, "tying", None)
+    if tying in (None, "none"):
+        return 0
+    blocks = guided_blocks(check_guidance("tying", tying))
+    return sum(
+        tied_parameter_count(
+            guidance_pairs(getattr(args, f"{side}_layers"), blocks),
+            getattr(args, f"{side}_embed_dim"),
+            getattr(args, f"{side}_ffn_embed_dim"),
+        )
+        for side in ("encoder", "decoder")
+    )
