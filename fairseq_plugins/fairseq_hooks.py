@@ -105,7 +105,10 @@ def known_option_names() -> frozenset[str]:
 
 def check_override_names(args) -> None:
     """Refuse an override of a checkpoint's options (validation.STORED_ARGS) that names no option at all."""
-    unknown = sorted(set(getattr(args, STORED_ARGS, None) or ()) - known_option_names())
+    overrides = set(getattr(args, STORED_ARGS, None) or ())
+    if not overrides:  # a command line, or a checkpoint loaded as it was: nothing to look up (known_option_names costs ~1 s)
+        return
+    unknown = sorted(overrides - known_option_names())
     if unknown:
         hints = ", ".join(f"{name!r}{_nearest_in_parentheses(name)}" for name in unknown)
         raise PluginOptionError(
