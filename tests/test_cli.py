@@ -14,7 +14,8 @@ import pytest
 
 from fairseq_plugins import cli
 
-from .helpers import REPO, TINY, fairseq_cli, run
+from .helpers import REPO, TINY, run
+from .one_process import run_in_one_process
 
 SOURCES = ("setup.py", "MANIFEST.in", "fairseq_residual.py", "scripts/requirements.txt", "fairseq_plugins")
 DEVELOPMENT_ONLY = ("pytest", "pytest-xdist", "execnet", "hypothesis", "ruff")
@@ -118,15 +119,17 @@ def test_describe_refuses_a_missing_file_in_one_line(capsys, tmp_path):
 
 
 def test_unknown_arch_and_axis_choice_suggest_the_nearest_names(corpus_bin, tmp_path):
-    train = [*fairseq_cli("train"), corpus_bin, "--user-dir", REPO / "fairseq_plugins", *TRAIN, "--save-dir", tmp_path]
-    proc = run([*train, "--arch", "residal_e6d6"], cwd=tmp_path, check=False)
-    error = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and error == (
+    """Both commands in one process (fairseq-train's own entry point, tests/one_process.py): the first loads the
+    plugin through --user-dir as a fresh process does; both fail while parsing, before anything is trained."""
+    train = [corpus_bin, "--user-dir", REPO / "fairseq_plugins", *TRAIN, "--save-dir", tmp_path]
+    arch, choice = run_in_one_process([("train", [*train, "--arch", "residal_e6d6"]),
+                                       ("train", [*train, "--arch", "residual_e6d6", "--residual", "prex"])])  # fmt: skip
+    error = arch.output.strip().splitlines()[-1]
+    assert arch.returncode == 2 and error == (
         "train.py: error: argument --arch/-a: unknown architecture 'residal_e6d6'; did you mean residual_e6d6 or "
         "residual_e36d6 or residual_e24d6? (the plugin's names: fairseq-residual list)"
     )  # fairseq's own message listed all 1,852 names
-    proc = run([*train, "--arch", "residual_e6d6", "--residual", "prex"], cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("got 'prex'; did you mean pre?")
+    assert choice.returncode == 2 and choice.output.strip().splitlines()[-1].endswith("got 'prex'; did you mean pre?")
 
 
 def test_hydra_train_refuses_a_plugin_arch_in_one_line(corpus_bin, tmp_path):

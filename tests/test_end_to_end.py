@@ -1,13 +1,17 @@
 """fairseq's own command-line tools with ``--user-dir fairseq_plugins``: preprocess, train, generate,
 interactive, resume (also distributed, 2 CPU processes on gloo) and real half-precision training on CPU.
-No environment variable is set: checkpoints load with torch's default weights-only loading."""
+No environment variable is set: checkpoints load with torch's default weights-only loading.
+
+The trainings run in one process and the decodings and the resumed run in a second (tests/one_process.py), each
+through the tool's own entry point; the distributed ranks and fairseq-interactive reading stdin run as processes of
+their own."""
 
 import math
 import shutil
 import subprocess
-import sys
 
 import pytest
+from fairseq.models.transformer import TransformerModel
 
 from .helpers import (
     PLUGIN_DIR,
@@ -20,36 +24,59 @@ from .helpers import (
     train_command,
     train_log,
 )
+from .one_process import run_in_one_process
 
 RESIDUAL = "residual_e18d18"  # the issue's acceptance example, at tiny width
 ARCHS = [RESIDUAL, "transformer_preln_e6d6", "transformer_postln_e6d6"]
 N_TEST = 21  # sentences in the tiny corpus' test split
+# models trained for a few updates never end a sentence: decoding stops at the length limit, fairseq's default 200
+# tokens; this limit leaves room for the longest test sentence's whole translation (9 words) and its end
+MAX_LEN = ["--max-len-a", "0", "--max-len-b", "10"]
+DEEP = "residual_iwslt_e36d6"
+PRECISIONS = {"mem-eff": ["--memory-efficient-fp16"], "fp16": ["--fp16", "--fp16-no-flatten-grads"]}
 
 
 @pytest.fixture(scope="module")
 def trained(corpus_bin, tmp_path_factory):
-    """Each architecture trained for 4 updates; arch -> save dir."""
-    out = {}
-    for arch in ARCHS:
-        save_dir = tmp_path_factory.mktemp(arch)
-        run(train_command(corpus_bin, save_dir, arch, max_update=4))
-        out[arch] = save_dir
-    return out
+    """Each architecture trained for 4 updates, and the deep residual model for 3 in each half precision, in one
+    process; name (arch or precision id) -> (save dir, the training's Run)."""
+    root = tmp_path_factory.mktemp("trained")
+    saves = {name: root / name for name in [*ARCHS, *PRECISIONS]}
+    commands = [("train", train_command(corpus_bin, saves[arch], arch, max_update=4)[3:]) for arch in ARCHS]
+    commands += [("train", train_command(corpus_bin, saves[name], DEEP, max_update=3,
+                                         extra=[*precision, "--dual-residual-scale", "0.05"])[3:])
+                 for name, precision in PRECISIONS.items()]  # fmt: skip
+    return {name: (saves[name], run) for name, run in zip(saves, run_in_one_process(commands), strict=True)}
+
+
+@pytest.fixture(scope="module")
+def decoded(trained, corpus_bin, tmp_path_factory):
+    """In a second process: fairseq-generate on every checkpoint of ``trained`` (name -> Run), and the residual
+    model's training resumed from a copy of its save dir for 2 more updates ("resume" -> (save dir, Run))."""
+    names = [name for name, (_, training) in trained.items() if training.returncode == 0]
+    resume = tmp_path_factory.mktemp("resume") / "save"
+    shutil.copytree(trained[RESIDUAL][0], resume)
+    commands = [("generate", generate_command(corpus_bin, trained[name][0] / "checkpoint_last.pt", MAX_LEN)[3:])
+                for name in names]  # fmt: skip
+    commands.append(("train", train_command(corpus_bin, resume, RESIDUAL, max_update=6)[3:]))
+    *generated, resumed = run_in_one_process(commands)
+    return {**dict(zip(names, generated, strict=True)), "resume": (resume, resumed)}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_train_then_generate_translates_every_sentence(arch, trained, corpus_bin):
-    proc = run(generate_command(corpus_bin, trained[arch] / "checkpoint_last.pt"))
-    assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))
-    assert f"Translated {N_TEST} sentences" in proc.stdout + proc.stderr
+def test_train_then_generate_translates_every_sentence(arch, trained, decoded):
+    trained[arch][1].check()
+    output = decoded[arch].check().output
+    assert sorted(hypotheses(output)) == list(range(N_TEST))
+    assert f"Translated {N_TEST} sentences" in output
 
 
-def test_resume_continues_from_checkpoint_last(trained, corpus_bin, tmp_path):
-    save_dir = tmp_path / "resume"
-    shutil.copytree(trained[RESIDUAL], save_dir)
-    proc = run(train_command(corpus_bin, save_dir, RESIDUAL, max_update=6))
-    assert "Loaded checkpoint" in proc.stdout + proc.stderr
-    updates = [int(r["num_updates"]) for r in train_log(proc.stdout)]
+def test_resume_continues_from_checkpoint_last(trained, decoded):
+    """A run started in another process than the one that wrote the checkpoint continues from it."""
+    trained[RESIDUAL][1].check()
+    output = decoded["resume"][1].check().output
+    assert "Loaded checkpoint" in output
+    updates = [int(r["num_updates"]) for r in train_log(output)]
     assert updates == [5, 6]
 
 
@@ -57,7 +84,7 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
     """Rank 0 loads checkpoint_last.pt and broadcasts it (as an omegaconf DictConfig) to rank 1: the path
     that needs omegaconf's types allowed under weights-only loading."""
     save_dir = tmp_path / "ddp"
-    shutil.copytree(trained[RESIDUAL], save_dir)
+    shutil.copytree(trained[RESIDUAL][0], save_dir)
     port = free_port()
     base = train_command(corpus_bin, save_dir, RESIDUAL, max_update=6)
     dist = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
@@ -79,32 +106,24 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
 
 def test_interactive_translates_stdin(trained, corpus_bin):
     proc = run(fairseq_cli("interactive") + [
-        corpus_bin, "--user-dir", PLUGIN_DIR, "--path", trained[RESIDUAL] / "checkpoint_last.pt",
-        "--cpu", "--beam", "2", "--source-lang", "src", "--target-lang", "tgt",
+        corpus_bin, "--user-dir", PLUGIN_DIR, "--path", trained[RESIDUAL][0] / "checkpoint_last.pt",
+        "--cpu", "--beam", "2", *MAX_LEN, "--source-lang", "src", "--target-lang", "tgt",
     ], input_text="w1 w2 w3\nw4 w5\n")  # fmt: skip
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 2
 
 
 def test_from_pretrained_loads_and_translates(trained, corpus_bin):
-    code = (
-        "import fairseq_plugins\n"
-        "from fairseq.models.transformer import TransformerModel\n"
-        f"hub = TransformerModel.from_pretrained('{trained[RESIDUAL]}', 'checkpoint_last.pt', "
-        f"'{corpus_bin}', source_lang='src', target_lang='tgt')\n"
-        "print('TRANSLATION', type(hub.models[0]).__name__, hub.translate('w1 w2 w3'))\n"
-    )
-    proc = run([sys.executable, "-c", code])
-    assert "TRANSLATION ResiDualTransformerModel" in proc.stdout
+    """fairseq's own TransformerModel.from_pretrained, after ``import fairseq_plugins`` (tests/helpers.py imports
+    it, as a user's script would), loads the plugin's model class from the checkpoint and translates."""
+    hub = TransformerModel.from_pretrained(str(trained[RESIDUAL][0]), "checkpoint_last.pt", str(corpus_bin),
+                                           source_lang="src", target_lang="tgt")  # fmt: skip
+    assert type(hub.models[0]).__name__ == "ResiDualTransformerModel"
+    assert isinstance(hub.translate("w1 w2 w3", max_len_a=0, max_len_b=10), str)
 
 
-@pytest.mark.parametrize(
-    "precision", [["--memory-efficient-fp16"], ["--fp16", "--fp16-no-flatten-grads"]], ids=["mem-eff", "fp16"]
-)
-def test_half_precision_training_of_a_deep_residual_model(precision, corpus_bin, tmp_path):
-    extra = [*precision, "--dual-residual-scale", "0.05"]
-    proc = run(train_command(corpus_bin, tmp_path, "residual_iwslt_e36d6", max_update=3, extra=extra))
-    records = train_log(proc.stdout)
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_half_precision_training_of_a_deep_residual_model(precision, trained, decoded):
+    records = train_log(trained[precision][1].check().output)
     assert [int(r["num_updates"]) for r in records] == [1, 2, 3]
     assert all(math.isfinite(float(r["loss"])) and "loss_scale" in r for r in records)
-    generated = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
-    assert len(hypotheses(generated.stdout)) == N_TEST
+    assert len(hypotheses(decoded[precision].check().output)) == N_TEST
