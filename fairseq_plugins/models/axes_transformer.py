@@ -26,7 +26,11 @@ encoder and decoder pass through those two classmethods.
 """
 
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerModel,
+    base_architecture,
+)
 from torch import Tensor
 
 from .. import axes
@@ -215,8 +219,6 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        from fairseq.models.transformer import TransformerConfig
-
         cfg, plan = TransformerConfig.from_namespace(args), plan_of(args)
         own = plan.residual.build_stack("encoder", cfg, src_dict, embed_tokens, args)
         if own is not None:
@@ -225,8 +227,6 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        from fairseq.models.transformer import TransformerConfig
-
         cfg, plan = TransformerConfig.from_namespace(args), plan_of(args)
         no_attn = cfg.no_cross_attention
         own = plan.residual.build_stack("decoder", cfg, tgt_dict, embed_tokens, args, no_attn)
