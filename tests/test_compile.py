@@ -19,8 +19,8 @@ from torch._dynamo.utils import counters
 
 from fairseq_plugins.axes import tables
 from fairseq_plugins.kernels import grn_kernel, mhc_kernel
+from fairseq_plugins.kernels.sinkhorn import sinkhorn_tokens_last
 from fairseq_plugins.modules.compiled import compile_ideas
-from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
 from fairseq_plugins.validation import PluginOptionError
 
 from .helpers import build_model, parse_model_args, random_batch

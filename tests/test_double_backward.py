@@ -16,10 +16,10 @@ from torch import nn
 
 from fairseq_plugins.axes import declarations
 from fairseq_plugins.kernels import grn_kernel, mhc_kernel
+from fairseq_plugins.kernels.sinkhorn import sinkhorn_tokens_last
 from fairseq_plugins.modules.attn_res import AttentionResiduals
 from fairseq_plugins.modules.grn import GRNv3
 from fairseq_plugins.modules.hyper_connections import HyperConnection
-from fairseq_plugins.modules.mhc import sinkhorn_tokens_last
 from fairseq_plugins.modules.muddformer import MultiwayDenseConnections
 from fairseq_plugins.modules.skinny import rms_project_t
 
@@ -70,7 +70,7 @@ def _grn(kernel: bool):
 
 
 CASES = {"attnres_full": (_attn_res(1), "attn_res.py"), "attnres_block": (_attn_res(2), "attn_res.py"),
-         "mudd": (_mudd(), "muddformer.py"), "mhc_sinkhorn": (_sinkhorn, "mhc.py"),
+         "mudd": (_mudd(), "muddformer.py"), "mhc_sinkhorn": (_sinkhorn, "sinkhorn.py"),
          "rms_project_t": (_rms_project, "skinny.py"), "grn_kernel": (_grn(True), "grn.py"),
          "grn_pytorch": (_grn(False), "grn.py")}  # fmt: skip
 # the choices each case stands for (the multi-stream kernels' case is the test of them at the end)

@@ -12,8 +12,7 @@ from fairseq import tasks
 from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
-from fairseq_plugins.axes import IncompatibleChoices
-from fairseq_plugins.axes.residual import RESIDUALS
+from fairseq_plugins.axes import RESIDUALS, IncompatibleChoices
 from fairseq_plugins.modules.lime import LimeProjection
 from fairseq_plugins.validation import PluginOptionError
 

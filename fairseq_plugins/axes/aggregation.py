@@ -35,7 +35,7 @@ from ..modules.laurel import RW_NORMS, VARIANTS, LaurelCarry, LaurelConnection
 from ..modules.layer_stack import FactoryDecoder, FactoryEncoder, build_with_layers
 from ..modules.mhc import StreamCarry
 from ..validation import PluginOptionError, check_choice, check_int
-from . import AGGREGATES, Choice, Option, Speed, set_defaults
+from .choice import AGGREGATES, Choice, Option, Speed, set_defaults
 
 # the declared reasons shared by the layer-stack choices (each choice declares them itself)
 POSITION_INDEXED = "its weights are sized and indexed by each layer's position in the stack"
@@ -355,13 +355,3 @@ class HCStatic(HyperConnections):
 
 class HCDynamic(HyperConnections):
     name, pinned, preset = "hc-dynamic", ("hc_mode", "dynamic"), "hc_dynamic"
-
-
-# after Aggregation: they subclass it
-from .aggregation_streams import STREAM_AGGREGATIONS
-
-AGGREGATIONS: dict[str, type[Aggregation]] = {
-    c.name: c
-    for c in (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic,
-              *STREAM_AGGREGATIONS)
-}  # fmt: skip

@@ -30,8 +30,8 @@ from ..modules.lime import attach_lime
 from ..modules.mhc import BIAS_INITS, ManifoldHyperConnection, StreamCarry
 from ..modules.muddformer import MUDDCarry
 from ..validation import PluginOptionError, check_choice, check_float, check_int
-from . import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
 from .aggregation import LAYER_LOOP, POSITION_INDEXED, Aggregation, CarryAggregation
+from .choice import AGGREGATES, Option, refuse_checkpointing, set_defaults_since
 
 MAX_RATE = 16
 
@@ -43,8 +43,8 @@ class MHC(CarryAggregation):
     # and b, so it fixes no starting values (issue 55: the default start stays the mhc-lite authors' code's)
     paper, code, preset = "https://arxiv.org/abs/2512.24880", "https://github.com/deepseek-ai/TileKernels", "mhc"
     prunes, scripts, activation_checkpointing = POSITION_INDEXED, LAYER_LOOP, None
-    double_backward = ("mhc.py: the Sinkhorn normalisation and skinny.py's RMS-scaled coefficient product treat saved "
-                       "forward intermediates as constants")  # fmt: skip
+    double_backward = ("mhc.py: the Sinkhorn normalisation (kernels/sinkhorn.py) and skinny.py's RMS-scaled "
+                       "coefficient product treat saved forward intermediates as constants")  # fmt: skip
     float32 = ("the coefficients H_pre, H_post, H_res and the Sinkhorn iterations (the mixing in the streams' dtype)",)
     speed = AGGREGATES
     options = (

@@ -23,7 +23,7 @@ from torch import nn
 from ..modules.derf import ALPHA_INIT, DynamicErf
 from ..modules.dyt import DynamicTanh
 from ..validation import check_float
-from . import KEEPS_PACE, Choice, Option, set_defaults_since
+from .choice import KEEPS_PACE, Choice, Option, set_defaults_since
 
 
 class Norm(Choice):

@@ -37,7 +37,7 @@ from ..validation import (
     check_choice,
     check_float,
 )
-from . import MATCHES, Choice, Option, set_defaults
+from .choice import MATCHES, Choice, Option, set_defaults
 
 
 def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
@@ -364,11 +364,3 @@ class Admin(Residual):
 def _profile_on_first_training_batch(model, args, kwargs):
     if model.training and not bool(model.admin_profiled):
         model.profile_admin(*args, **kwargs)
-
-
-# after Residual: they subclass it
-from .residual_sites import SITE_RESIDUALS
-
-RESIDUALS: dict[str, type[Residual]] = {
-    c.name: c for c in (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer, *SITE_RESIDUALS)
-}

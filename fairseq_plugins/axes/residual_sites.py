@@ -26,7 +26,7 @@ from ..modules.norm_placement import mix_ln_post_layers
 from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
 from ..validation import PluginOptionError, check_bool, check_choice, check_float
-from . import KEEPS_PACE, Option, Speed, set_defaults_since
+from .choice import KEEPS_PACE, Option, Speed, set_defaults_since
 from .residual import RECORDS_SITES, Residual, refuse_pruning
 
 

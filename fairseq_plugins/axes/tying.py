@@ -19,7 +19,7 @@ configuration (models/axes_transformer.py).
 
 from ..modules.cross_layer_guidance import BLOCKS, check_guidance, guided_blocks
 from ..validation import PluginOptionError
-from . import MATCHES, Choice, Speed
+from .choice import MATCHES, Choice, Speed
 
 
 class Tying(Choice):

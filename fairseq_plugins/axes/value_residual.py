@@ -19,7 +19,7 @@ Its three values declare the capabilities every axis choice declares (``VALUE_RE
 
 from ..modules.value_residual import MODES, attach_value_residual
 from ..validation import PluginOptionError, check_bool, check_choice
-from . import (
+from .choice import (
     KEEPS_PACE,
     Choice,
     Option,

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from . import hc_kernel, mhc_kernel
 from .grn_ops import once_differentiable
+from .sinkhorn import gates_pytorch
 
 NO_DOUBLE_BACKWARD = (
     "the mHC gate kernel (fairseq_plugins/kernels/mhc_cpu.c) has no second derivative: a double backward "
@@ -42,8 +43,6 @@ def _refuse(reason: str | None) -> None:
 
 
 def _pytorch(logits: Tensor, n: int, iters: int) -> Tensor:
-    from ..modules.mhc import gates_pytorch  # mhc.py imports this module
-
     return gates_pytorch(logits, n, iters)
 
 

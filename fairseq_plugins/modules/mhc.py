@@ -72,14 +72,19 @@ Interface: ``ManifoldHyperConnection(embed_dim, rate=4, site=0, residual="sinkho
 """
 
 import contextlib
-import functools
 import itertools
 import math
 
 import torch
 from torch import Tensor, nn
 
-from ..kernels import grn_ops, mhc_kernel, mhc_ops
+from ..kernels import mhc_kernel, mhc_ops
+from ..kernels.sinkhorn import (  # noqa: F401  (NO_DOUBLE_BACKWARD: read here by the declarations and tests)
+    NO_DOUBLE_BACKWARD,
+    SINKHORN_ITERS,
+    gates_pytorch,
+    sinkhorn_tokens_last,
+)
 from .carry import Carry
 from .parameter_cache import DerivedFromParameters
 from .skinny import post_add, rms_project_t
@@ -88,15 +93,8 @@ RESIDUALS = ("sinkhorn", "permutations")
 BIAS_INITS = ("preln", "mhc_lite", "mixed")
 COLLAPSE_ORDERS = ("sum_then_norm", "norm_then_sum")
 GATE_INIT = 0.01
-SINKHORN_ITERS = 20
 RMS_EPS = 1e-20
 OFF_DIAGONAL_LOGIT = -8.0
-
-NO_DOUBLE_BACKWARD = (
-    "mHC's Sinkhorn normalisation (fairseq_plugins/modules/mhc.py) has no second derivative: a double "
-    "backward (create_graph=True, e.g. a gradient penalty) cannot go through it"
-)
-
 
 # exp-then-divide (the C kernel's iteration, kernels/mhc_cpu.c) needs every iterate's entries representable:
 # with the logits of a matrix within a spread s, every entry of every iterate stays >= exp(-2 s) / n^2 (cross
@@ -118,58 +116,6 @@ def sinkhorn(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
     lead, (n, m) = logits.shape[:-2], logits.shape[-2:]
     tokens_last = logits.reshape(-1, n, m).permute(1, 2, 0)
     return sinkhorn_tokens_last(tokens_last, iters).permute(2, 0, 1).reshape(*lead, n, m)
-
-
-def sinkhorn_tokens_last(logits: Tensor, iters: int = SINKHORN_ITERS) -> Tensor:
-    """SK(logits) for logits (n, n, tokens): matrix entry (i, j) of token t at [i, j, t].
-
-    Tokens last, every operator runs over contiguous rows of tokens (vectorised); tokens first, each column
-    or row sum and division ran over 4 floats at a time (measured 5.4 -> 1.4 ms forward and backward at 1000
-    tokens, n = 4). Always in the log domain, exact for logits of any size, so that nothing reads the logits to
-    choose a path (choosing exp-then-divide for small logits read ``logits.abs().amax()`` on the host: a device
-    sync per unit, 28 graph breaks of torch.compile per tiny training step, and no CUDA graphs); the same
-    iterates as the paper's exp-then-divide up to rounding. One log_softmax per normalisation (and the exp kept
-    for backward): as many operators as exp-then-divide's sum and division, so no more GPU launches; on the CPU
-    each costs an exp per entry (1000 tokens: 1.5x forward and backward, 3-4x forward alone), where the C
-    kernel runs."""
-    return _LogNormalisations.apply(logits, iters)
-
-
-def gates_pytorch(logits: Tensor, n: int, iters: int = SINKHORN_ITERS) -> Tensor:
-    """[H_pre; H_post; H_res] (2n + n^2, tokens) of the logits (2n + n^2, tokens) in PyTorch: what the mHC
-    kernel (kernels/mhc_cpu.c) computes, and what it falls back to in the log domain."""
-    pre_post = torch.sigmoid(logits[: 2 * n])
-    res = sinkhorn_tokens_last(logits[2 * n :].view(n, n, -1), iters)
-    return torch.cat([pre_post[:n], 2.0 * pre_post[n:], res.flatten(0, 1)])
-
-
-class _LogNormalisations(torch.autograd.Function):
-    """``iters`` x (T_c, then T_r) in the log domain, l <- l - logsumexp(l) along columns, then rows, of logits
-    (n, n, tokens); returns exp(l). Backward written out: for l' = l - logsumexp(l) along an axis,
-    dl = dl' - y sum(dl') along it with y = softmax(l) = exp(l'), the iterate itself: 3 operators per
-    normalisation and no autograd node per operator."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, iters: int) -> Tensor:
-        log_m, saved = logits, [logits]  # the input only ties a double backward's error to it (once_differentiable)
-        grad = ctx.needs_input_grad[0]  # without it (decoding) nothing is saved: one operator per normalisation
-        for _ in range(iters):
-            for dim in (0, 1):  # T_c: every column sums to 1 (over rows i), then T_r: every row sums to 1
-                log_m = torch.log_softmax(log_m, dim)  # l - logsumexp(l) in one operator
-                if grad:
-                    saved.append(log_m.exp())
-        ctx.save_for_backward(*saved)
-        return saved[-1] if grad else log_m.exp()
-
-    @staticmethod
-    # its formula treats the saved iterates as constants: a second derivative would miss their terms
-    @functools.partial(grn_ops.once_differentiable, message=NO_DOUBLE_BACKWARD)
-    def backward(ctx, grad: Tensor):
-        saved = ctx.saved_tensors[1:]
-        grad = grad.contiguous() * saved[-1]  # arrives as a transposed view: strided operators are 3-4x slower
-        for k in range(len(saved) - 1, -1, -1):
-            grad = grad - saved[k] * grad.sum(k % 2, keepdim=True)
-        return grad, None
 
 
 def permutation_matrices(n: int) -> Tensor:
