@@ -9,7 +9,7 @@ from scripts.study import (
     study,
     study_checks,
     study_common,
-    study_report_common,
+    study_pairing,
     study_stats,
 )
 
@@ -112,11 +112,11 @@ def test_arch_lrs_give_their_models_one_setting_and_the_others_the_grid():
     assert (choices[("residual_iwslt_e12d12", "warmup")]["lr"], choices[("residual_iwslt_e12d12", "warmup")]["warmup"]) == (2e-3, 200)
     assert choices[("transformer_preln_iwslt_e12d12", "warmup")]["edges"] == []
     assert [r.seed for r in later] == [2, 2, 2]
-    assert study_report_common.lr_text(args) == ("0.0005/0.001 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
+    assert study_pairing.lr_text(args) == ("0.0005/0.001 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
                                                  "0.004, residual_iwslt_e12d12 0.002 (warm-up 200)")  # fmt: skip
     every = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1", "--arch-lrs",
                               "transformer_preln_iwslt_e12d12=4e-3"])  # fmt: skip
-    assert study_report_common.lr_text(every) == "own (ARCH_LRS): transformer_preln_iwslt_e12d12 0.004"
+    assert study_pairing.lr_text(every) == "own (ARCH_LRS): transformer_preln_iwslt_e12d12 0.004"
     nowarm = study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--variants", "nowarmup warmup",
                                "--arch-lrs", "transformer_preln_iwslt_e12d12=4e-3@100"])  # fmt: skip
     assert [(r.variant, r.warmup) for r in study.grid(nowarm)[0]] == [("nowarmup", 0), ("warmup", 100)]
@@ -148,7 +148,7 @@ def test_arch_lrs_lists_widen_one_models_grid():
     results = {r: {"valid_loss": 5.0 - r.lr * 100 - r.warmup / 1e4} for r in tuning}
     choice = study_stats.choose_settings(results, first_seed=1)[("transformer_preln_iwslt_e12d12", "warmup")]
     assert (choice["lr"], choice["warmup"]) == (4e-3, 400) and len(choice["candidates"]) == 6
-    assert study_report_common.lr_text(args) == ("0.001/0.002 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
+    assert study_pairing.lr_text(args) == ("0.001/0.002 (the others), own (ARCH_LRS): transformer_preln_iwslt_e12d12 "
                                                  "0.001/0.002/0.004 (warm-up 100/400)")  # fmt: skip
     with pytest.raises(study_common.RecipeError, match="ARCH_LRS gives transformer_preln_iwslt_e12d12 warm-up 900"):
         study.parse_args(["--archs", "transformer_preln_iwslt_e12d12", "--seeds", "1 2", "--max-update", "800",

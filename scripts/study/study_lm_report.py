@@ -12,26 +12,28 @@ import shlex
 
 from scripts.study import study_lm, study_plots, study_stats
 from scripts.study.study_common import shown_path, write_json, write_text
+from scripts.study.study_pairing import (
+    add_first_valid_loss,
+    chosen_results,
+    comparisons_of,
+    lr_text,
+    pair_comparisons,
+    paired_groups,
+    results_record,
+    run_context,
+)
+from scripts.study.study_provenance import provenance_section
 from scripts.study.study_report_common import (
     Metric,
     Score,
     _ci_text,
     _envelope,
     _trend_text,
-    add_first_valid_loss,
-    chosen_results,
     claims_section,
     comparison_sections,
-    comparisons_of,
     heading,
-    lr_text,
-    pair_comparisons,
-    paired_groups,
     partial,
-    provenance_section,
-    results_record,
     results_table,
-    run_context,
     runs_and_choices,
     stopping_text,
 )
