@@ -18,7 +18,7 @@ help naming the source); the three methods above serve them, and a choice overri
 option cannot say (a default that depends on the choice, a check across options).
 
 Adding an idea = one module with its nn.Modules (in ``fairseq_plugins/modules/``) + one Choice subclass in
-the axis file + one entry in that axis's table (below). The foundations (``Option``, ``Choice``, ``Plan``, the
+the axis file + one entry in that file's list of its choices. The foundations (``Option``, ``Choice``, ``Plan``, the
 capabilities) are in ``choice.py``, which the axis modules import; this package imports the axis modules and
 assembles their tables, so no import runs back up. Two choices that cannot run together are refused by
 ``check_compatible`` when the model is built, with one error that names both choices and the reason: each
@@ -63,18 +63,7 @@ the same facts, overridden where they differ.
 """
 
 from ..validation import PluginOptionError, check_choice
-from .aggregation import (
-    DCA,
-    DCAK,
-    DLCL,
-    DenseFormer,
-    HCDynamic,
-    HCStatic,
-    LaurelLR,
-    LaurelPA,
-    LaurelRW,
-    NoAggregation,
-)
+from .aggregation import LAYER_AGGREGATIONS
 from .aggregation_streams import STREAM_AGGREGATIONS
 from .choice import (  # noqa: F401  (the package's interface: axis modules, models, scripts and tests read them here)
     AGGREGATES,
@@ -96,20 +85,15 @@ from .choice import (  # noqa: F401  (the package's interface: axis modules, mod
     set_defaults_since,
 )
 from .norm import NORMS
-from .residual import B2T, Admin, DeepNet, NormFormer, Post, Pre, ResiDual, TFixup
+from .residual import WIRINGS
 from .residual_sites import SITE_RESIDUALS
 from .tying import TYINGS, combined_tying
 from .value_residual import VALUE_RESIDUALS
 
-# the axes' tables, name -> choice, in the order of the docs and the grid
-RESIDUALS: dict[str, type[Choice]] = {
-    c.name: c for c in (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer, *SITE_RESIDUALS)
-}
-AGGREGATIONS: dict[str, type[Choice]] = {
-    c.name: c
-    for c in (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic,
-              *STREAM_AGGREGATIONS)
-}  # fmt: skip
+# the axes' tables, name -> choice: each axis module lists the choices it declares (a new idea is added there, beside
+# its declaration), in the order of the docs and the grid
+RESIDUALS: dict[str, type[Choice]] = {c.name: c for c in (*WIRINGS, *SITE_RESIDUALS)}
+AGGREGATIONS: dict[str, type[Choice]] = {c.name: c for c in (*LAYER_AGGREGATIONS, *STREAM_AGGREGATIONS)}
 
 
 def tables() -> dict[str, dict[str, type]]:

@@ -355,3 +355,7 @@ class HCStatic(HyperConnections):
 
 class HCDynamic(HyperConnections):
     name, pinned, preset = "hc-dynamic", ("hc_mode", "dynamic"), "hc_dynamic"
+
+
+# this module's choices, in the order of the docs and the grid (the package joins them with aggregation_streams.py's)
+LAYER_AGGREGATIONS = (NoAggregation, DCA, DCAK, DenseFormer, DLCL, LaurelRW, LaurelLR, LaurelPA, HCStatic, HCDynamic)

@@ -364,3 +364,7 @@ class Admin(Residual):
 def _profile_on_first_training_batch(model, args, kwargs):
     if model.training and not bool(model.admin_profiled):
         model.profile_admin(*args, **kwargs)
+
+
+# this module's choices, in the order of the docs and the grid (the package joins them with residual_sites.py's)
+WIRINGS = (Pre, Post, ResiDual, DeepNet, Admin, TFixup, B2T, NormFormer)
