@@ -6,11 +6,13 @@ import io
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq.criterions import build_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
 )
 from fairseq.logging import metrics
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from fairseq_plugins.criterions.label_smoothed_cross_entropy_with_guidance import (
     LabelSmoothedCrossEntropyWithGuidanceCriterion,
@@ -22,7 +24,7 @@ from fairseq_plugins.modules.cross_layer_guidance import (
     guidance_pairs,
     projections,
 )
-from fairseq_plugins.validation import PluginOptionError
+from fairseq_plugins.validation import STORED_ARGS, PluginOptionError
 
 from .forkserver import run_forked
 from .helpers import (
@@ -36,18 +38,22 @@ from .helpers import (
     train_command,
     train_log,
 )
+from .lm_helpers import save_checkpoint
 
-ODD_EVEN = ["--guidance", "all", "--encoder-layers", "5", "--decoder-layers", "4"]
+ODD_EVEN = ["--encoder-layers", "5", "--decoder-layers", "4"]
+HARD = ["--tying", "all", *ODD_EVEN]  # crossformer_hg: every block tied
+SOFT = ["--guidance", "all", *ODD_EVEN]  # crossformer_sg: every block guided
 CRITERION = ["--criterion", "label_smoothed_cross_entropy_with_guidance"]
 N_TEST = 21  # sentences in the tiny corpus' test split
 SHORT = ["--max-len-a", "1", "--max-len-b", "5"]  # an untrained model rarely stops: cap its output length
 
 
 def every_pair(model):
-    """(lower projection, upper projection, pair) for every guided pair of encoder and decoder."""
+    """(lower projection, upper projection, pair) for every tied pair (hard guidance) or else every guided pair
+    (soft guidance) of encoder and decoder."""
     for stack in ("encoder", "decoder"):
         layers = getattr(model, stack).layers
-        for pair in model.guidance_pairs[stack]:
+        for pair in model.tied_pairs[stack] or model.guidance_pairs[stack]:
             yield (*projections(layers, pair), pair)
 
 
@@ -74,8 +80,8 @@ def test_pairs_follow_equations_3_5_6_for_odd_and_even_depths():
 
 
 def test_tied_parameters_are_one_parameter_with_the_summed_gradient():
-    hg = build_model("crossformer_hg_e6d6", ODD_EVEN).double()
-    untied = build_model("crossformer_sg_e6d6", ODD_EVEN).double()  # same shape, nothing tied
+    hg = build_model("crossformer_hg_e6d6", HARD).double()
+    untied = build_model("crossformer_sg_e6d6", SOFT).double()  # same shape, nothing tied
     aliases = [name for name, m in hg.named_modules() if isinstance(m, TiedLinear)]
     assert len(aliases) == 3 * (4 + 3)
     # the untied model computes the same function when both projections of a pair hold the shared values
@@ -103,11 +109,11 @@ def test_tied_parameters_are_one_parameter_with_the_summed_gradient():
     params = list(hg.parameters())  # what fairseq's optimizers and fp16 flat buffers are built from
     assert len({id(p) for p in params}) == len(params)
     saving = sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in params)
-    assert saving == expected_tied_parameter_saving(parse_model_args("crossformer_hg_e6d6", ODD_EVEN))
+    assert saving == expected_tied_parameter_saving(parse_model_args("crossformer_hg_e6d6", HARD))
 
 
 def test_state_dict_round_trip_keeps_the_ties():
-    hg = build_model("crossformer_hg_e6d6", ODD_EVEN, seed=0)
+    hg = build_model("crossformer_hg_e6d6", HARD, seed=0)
     state = hg.state_dict()
     aliases = [name for name, m in hg.named_modules() if isinstance(m, TiedLinear)]
     assert not [a for a in aliases if f"{a}.weight" in state or f"{a}.bias" in state]
@@ -117,7 +123,7 @@ def test_state_dict_round_trip_keeps_the_ties():
     torch.save(state, buffer)
     buffer.seek(0)
 
-    other = build_model("crossformer_hg_e6d6", ODD_EVEN, seed=1)
+    other = build_model("crossformer_hg_e6d6", HARD, seed=1)
     other.load_state_dict(torch.load(buffer, weights_only=True), strict=True)
     for (lower, upper, pair), (_, saved, _) in zip(every_pair(other), every_pair(hg), strict=True):
         assert lower.weight is upper.weight and lower.bias is upper.bias, pair
@@ -137,25 +143,73 @@ PER_BLOCK = {"key-query": 1, "ffn": 4, "value": 1, "all": 6}
 BIASES = {"key-query": 40, "ffn": 21 + 4 * 19, "value": 40, "all": 40 + 21 + 4 * 19 + 40}
 
 
-@pytest.mark.parametrize("guidance", sorted(PER_BLOCK))
-def test_parameter_saving_is_the_documented_formula_and_the_papers_accounting(guidance):
+@pytest.mark.parametrize("tying", sorted(PER_BLOCK))
+def test_parameter_saving_is_the_documented_formula_and_the_papers_accounting(tying):
     d = 16
     width = ["--encoder-ffn-embed-dim", str(4 * d), "--decoder-ffn-embed-dim", str(4 * d)]
-    hg = build_model("crossformer_hg_e36d6", ["--guidance", guidance, *width])
+    hg = build_model("crossformer_hg_e36d6", ["--tying", tying, *width])
     baseline = build_model("transformer_preln_e36d6", width)
     saving = sum(p.numel() for p in baseline.parameters()) - sum(p.numel() for p in hg.parameters())
-    assert saving == expected_tied_parameter_saving(parse_model_args("crossformer_hg_e36d6", ["--guidance", guidance, *width]))
-    assert saving == PER_BLOCK[guidance] * d * d * (35 + 5) + BIASES[guidance] * d
+    assert saving == expected_tied_parameter_saving(parse_model_args("crossformer_hg_e36d6", ["--tying", tying, *width]))
+    assert saving == PER_BLOCK[tying] * d * d * (35 + 5) + BIASES[tying] * d
     assert expected_tied_parameter_saving(parse_model_args("crossformer_sg_e36d6")) == 0
 
 
-@pytest.mark.parametrize("guidance", ["ffn", "value"])
-def test_the_variant_presets_tie_their_tables_block_and_the_command_line_wins(guidance):
-    """crossformer_hg_{ffn,value}_*: table 1's other rows by name, as --guidance would build them."""
-    by_name, by_option = build_model(f"crossformer_hg_{guidance}_e6d6"), build_model("crossformer_hg_e6d6", ["--guidance", guidance])
-    assert by_name.args.guidance == guidance
+@pytest.mark.parametrize("block", ["ffn", "value"])
+def test_the_variant_presets_tie_their_tables_block_and_the_command_line_wins(block):
+    """crossformer_hg_{ffn,value}_*: table 1's other rows by name, as --tying builds them."""
+    by_name, by_option = build_model(f"crossformer_hg_{block}_e6d6"), build_model("crossformer_hg_e6d6", ["--tying", block])
+    assert (by_name.args.tying, by_name.args.guidance) == (block, "none")
     assert [p.shape for p in by_name.parameters()] == [p.shape for p in by_option.parameters()]
-    assert build_model(f"crossformer_hg_{guidance}_e6d6", ["--guidance", "key-query"]).args.guidance == "key-query"
+    assert build_model(f"crossformer_hg_{block}_e6d6", ["--tying", "key-query"]).args.tying == "key-query"
+
+
+def blocks_of(pairs: dict) -> set:
+    return {p.block for side in ("encoder", "decoder") for p in pairs[side]}
+
+
+def test_guidance_is_soft_guidance_on_the_crossformer_hg_presets_too():
+    """--guidance means one thing (issue 54): on crossformer_hg_* it adds soft guidance to the preset's ties
+    (before, it replaced the tied blocks)."""
+    model = build_model("crossformer_hg_e6d6", ["--guidance", "ffn", *CRITERION])
+    assert (model.args.tying, model.args.guidance) == ("key-query", "ffn")
+    assert blocks_of(model.tied_pairs) == {"key-query"} and blocks_of(model.guidance_pairs) == {"ffn"}
+    assert model.soft_guidance and float(model.guidance_loss()) > 0
+
+
+def test_crossformer_hg_guidance_without_the_guidance_criterion_names_tying():
+    """The old spelling of --tying on these presets (the older code refused the guidance criterion on them): one
+    error, not a model tied otherwise than the command meant."""
+    with pytest.raises(PluginOptionError, match=r"--guidance ffn with --arch crossformer_hg_e6d6: .* use --tying ffn$"):
+        parse_model_args("crossformer_hg_e6d6", ["--guidance", "ffn"])
+    with pytest.raises(PluginOptionError, match="names only the blocks that --tying ffn ties, whose soft guidance"):
+        build_model("crossformer_hg_ffn_e6d6", ["--guidance", "ffn", *CRITERION])  # L_reg identically 0
+    with pytest.raises(PluginOptionError, match="names only the blocks that --tying ffn ties"):
+        build_model("residual_axes", ["--tying", "ffn", "--guidance", "ffn"])
+
+
+@pytest.mark.parametrize("saved", ["before issue 26", "issue 26 to 54"])
+def test_a_crossformer_hg_checkpoint_whose_guidance_named_the_tied_blocks_loads_tied(saved, tmp_path):
+    """The older code stored the tied blocks in ``guidance`` (before issue 26 without ``tying``, since with the same
+    blocks in it): fairseq rebuilds the model from those args tied as it was, with no soft guidance, and its weights
+    load strictly and compute the same function."""
+    arch = "crossformer_hg_e6d6"
+    trained = build_model(arch, ["--tying", "ffn", *ODD_EVEN], seed=1)
+    args = parse_model_args(arch, ["--tying", "ffn", *ODD_EVEN])
+    args.guidance, args.tying = "ffn", (None if saved == "before issue 26" else "ffn")
+    if args.tying is None:
+        del args.tying
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save_checkpoint(trained, args, tmp_path / "old.pt")))
+    stored = state["cfg"]["model"]
+    assert getattr(stored, STORED_ARGS, None) == []  # marked by the loader (checkpoint_safety.py)
+    ARCH_CONFIG_REGISTRY[stored.arch](stored)  # as fairseq.models.build_model does
+    loaded = ARCH_MODEL_REGISTRY[stored.arch].build_model(stored, TinyTask()).eval()
+    assert (stored.tying, stored.guidance) == ("ffn", "none") and not loaded.soft_guidance
+    assert blocks_of(loaded.tied_pairs) == {"ffn"}
+    loaded.load_state_dict(state["model"], strict=True)
+    batch = random_batch(trained)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*batch)[0], trained.eval()(*batch)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])
@@ -180,7 +234,7 @@ def test_regularizer_equals_a_hand_computation(norm):
 
 
 def test_only_the_lower_layer_of_each_pair_gets_a_gradient():
-    model = build_model("crossformer_sg_e6d6", ODD_EVEN)
+    model = build_model("crossformer_sg_e6d6", SOFT)
     model.guidance_loss().backward()
     reached = {name for name, p in model.named_parameters() if p.grad is not None}
     lower = {f"{stack}.layers.{pair.t - 1}.{pair.lower}.{w}"
@@ -190,7 +244,7 @@ def test_only_the_lower_layer_of_each_pair_gets_a_gradient():
 
 @pytest.mark.parametrize("arch", ["crossformer_sg_e6d6", "crossformer_hg_e6d6"])
 def test_incremental_equals_full_decoding(arch):
-    model = build_model(arch, ODD_EVEN)
+    model = build_model(arch, HARD if "_hg" in arch else SOFT)
     full, incremental = full_and_incremental_logits(model, *random_batch(model))
     torch.testing.assert_close(incremental, full, rtol=1e-5, atol=1e-5)
 
@@ -281,7 +335,7 @@ def test_soft_guidance_trains_logs_the_regularizer_and_translates(corpus_bin, tm
 
 
 def test_hard_guidance_trains_in_half_precision_keeps_the_ties_and_translates(corpus_bin, tmp_path):
-    extra = ["--guidance", "all", "--encoder-layers", "5", "--decoder-layers", "4", "--memory-efficient-fp16"]
+    extra = [*HARD, "--memory-efficient-fp16"]
     proc = run_forked(train_command(corpus_bin, tmp_path, "crossformer_hg_e6d6", max_update=4, extra=extra))
     records = train_log(proc.stdout)
     assert records and all("loss_scale" in r for r in records)  # fairseq's half-precision optimizer ran

@@ -10,7 +10,13 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_plugins.lm import LM_FAMILIES, LM_PRESETS
 from fairseq_plugins.lm.decoder_only import deepnet_decoder_only_constants
-from fairseq_plugins.lm.presets import LM_DEPTHS, LM_WIDTHS
+from fairseq_plugins.lm.presets import (
+    LM_ALSO_KEPT,
+    LM_DEPTHS,
+    LM_KEPT_DEPTHS,
+    LM_SWEPT_FAMILIES,
+    LM_WIDTHS,
+)
 from fairseq_plugins.models import PRESETS
 from fairseq_plugins.validation import PluginOptionError
 
@@ -32,14 +38,19 @@ def lm_bin(tmp_path_factory):
     return binarize_lm(make_lm_corpus(root / "raw", sizes=(("train", 40), ("valid", 8), ("test", 8))), root / "bin")
 
 
-def test_every_family_has_every_width_and_depth():
+def test_every_family_has_every_width_at_the_kept_depths():
+    """Every family at every width and the kept depths, DCA figure 6's models at every depth (lm/presets.py;
+    tests/test_arch_names.py checks the names against their users)."""
     assert set(LM_FAMILIES) == {p.family for p in PRESETS.values()}
     for family in LM_FAMILIES:
         for width in LM_WIDTHS:
             for depth in LM_DEPTHS:
-                preset = LM_PRESETS[f"{family}_lm_{width}d{depth}"]
-                assert (preset.family, preset.layers, preset.width) == (family, depth, LM_WIDTHS[width])
-                assert f"{family}_lm_{width}d{depth}" in ARCH_MODEL_REGISTRY
+                arch = f"{family}_lm_{width}d{depth}"
+                kept = depth in LM_KEPT_DEPTHS or (family in LM_SWEPT_FAMILIES and width == "") or arch in LM_ALSO_KEPT
+                assert (arch in LM_PRESETS) == (arch in ARCH_MODEL_REGISTRY) == kept, arch
+                if kept:
+                    preset = LM_PRESETS[arch]
+                    assert (preset.family, preset.layers, preset.width) == (family, depth, LM_WIDTHS[width])
 
 
 @pytest.mark.parametrize("arch, shape", [

@@ -89,7 +89,7 @@ def test_counts_are_those_of_the_models_fairseq_builds(rows):
     iwslt = type("Task", (), {})()
     iwslt.source_dictionary, iwslt.target_dictionary = make_dictionary(8848 - 4), make_dictionary(6632 - 4)
     assert len(iwslt.source_dictionary) == 8848 and len(iwslt.target_dictionary) == 6632
-    extra = ["--guidance", "ffn", "--share-decoder-input-output-embed"]
+    extra = ["--tying", "ffn", "--share-decoder-input-output-embed"]
     model = build_model("crossformer_hg_e6d6", extra, task=iwslt, tiny=False)
     r = _row(rows, "1", "IWSLT'14 De-En, hard guidance", "Crossformer-FFN")
     assert r["settings"]["arch"] == "crossformer_hg_e6d6" and r["settings"]["args"] == extra

@@ -4,7 +4,7 @@ trainable (forward and backward reach every parameter, as distributed training r
 Presets as data (issue 54 item 5): every row parses to its preset's shape; one row of each family and depth is
 built at tiny width and has its named number of layers (at tiny width a family's two widths are one model: the
 other row parses to the same arguments); each family trains at its shallowest symmetric depth (E6D6) and its
-shallowest deeper-encoder one (E12D6)."""
+shallowest deeper-encoder one (E12D6, or E36D6 for a family with only the kept depths)."""
 
 import copy
 from argparse import Namespace
@@ -19,19 +19,25 @@ from fairseq.models.transformer import (
 )
 
 from fairseq_plugins.models import DEPTHS, PRESETS, WIDTHS
+from fairseq_plugins.models.presets import ALSO_KEPT, KEPT_DEPTHS, LEGACY_DEPTHS
 
-from .helpers import TinyTask, build_model, parse_model_args, random_batch
+from .helpers import REPO, TinyTask, build_model, parse_model_args, random_batch
 
 
-def test_every_family_has_every_depth_and_width():
+def test_every_family_has_its_depths_at_every_width():
+    """The seed families and baselines every depth (their names are legacy), every family since the kept ones
+    (presets.py; tests/test_arch_names.py checks the names against their users)."""
     families = {p.family for p in PRESETS.values()}
     assert {"residual", "transformer_preln", "transformer_postln"} <= families
+    legacy_names = set((REPO / "tests/golden/legacy_archs.txt").read_text().splitlines())
     for family in families:
         if not any(arch == f"{family}_e6d6" for arch in PRESETS):
             continue  # a family of single presets (e.g. a paper's one configuration)
+        legacy = f"{family}_e6d6" in legacy_names
         for width in WIDTHS:
             for depth in DEPTHS:
-                assert f"{family}_{width}{depth}" in ARCH_MODEL_REGISTRY
+                kept = depth in (LEGACY_DEPTHS if legacy else KEPT_DEPTHS) or f"{family}_{width}{depth}" in ALSO_KEPT
+                assert (f"{family}_{width}{depth}" in ARCH_MODEL_REGISTRY) == kept, (family, width, depth)
 
 
 def _twin_key(arch: str) -> tuple:
@@ -46,8 +52,8 @@ BUILT: dict[tuple, str] = {}
 for _arch in sorted(PRESETS, key=lambda a: list(WIDTHS.values()).index(PRESETS[a].width)):
     BUILT.setdefault(_twin_key(_arch), _arch)
 # the rows that train (forward and backward): per family its shallowest symmetric depth and its shallowest
-# deeper-encoder depth (where an encoder layer has no decoder layer of the same index); a family of one
-# preset trains that one
+# deeper-encoder depth (where an encoder layer has no decoder layer of the same index: E12D6 for the seed families,
+# E36D6 for those with only the kept depths); a family of one preset trains that one
 TRAINED = set()
 for _family in {p.family for p in PRESETS.values()}:
     _built = sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers, a) for a in BUILT.values()
@@ -99,7 +105,8 @@ def test_every_family_trains_at_a_symmetric_and_a_deeper_encoder_depth():
         if sum(p.family == family for p in PRESETS.values()) == 1:
             assert len(rows) == 1, family
         else:
-            assert sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers) for a in rows) == [(6, 6), (12, 6)]
+            shallow, deeper = sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers) for a in rows)
+            assert shallow == (6, 6) and deeper[0] > deeper[1] == 6, family
 
 
 def test_command_line_overrides_the_preset():

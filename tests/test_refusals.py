@@ -140,7 +140,7 @@ def test_every_option_is_read_by_the_model_or_refused(flags, read):
     (["--depth-aggregation", "laurel-lr", "--laurel-rw-norm", "none"], "--laurel-rw-norm applies only with --depth-aggregation laurel-rw"),
     (["--value-residual-mode", "learnable"], "--value-residual-mode needs --value-residual decoder or both: the model has --value-residual none"),
     (["--guidance-norm", "l1"], "--guidance-norm applies only with soft guidance, .* the model has --guidance none:"),
-    (["--tying", "ffn", "--guidance", "ffn", "--guidance-norm", "l1"], "--guidance-norm applies only with soft guidance"),
+    (["--tying", "ffn", "--guidance", "ffn", "--guidance-norm", "l1"], "--guidance ffn names only the blocks that --tying ffn ties"),
 ])  # fmt: skip
 def test_the_options_the_sweep_found_ignored_are_refused(flags, message):
     with pytest.raises(PluginOptionError, match=message):

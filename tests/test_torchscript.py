@@ -100,7 +100,8 @@ def check_scripts_or_refuses(model, task, refuses: str | None, script_generator:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
     task = TinyTask()
-    extra = ["--guidance", "all"] if arch.startswith("crossformer") else []
+    # every block guided (soft, crossformer_sg) or tied (hard, crossformer_hg and crossformer_all)
+    extra = ["--guidance" if arch.startswith("crossformer_sg") else "--tying", "all"] if arch.startswith("crossformer") else []
     if arch == "normformer_fairseq":
         arch, extra = "normformer_e6d6", ["--normformer-impl", "fairseq"]
     model = build_model(arch, SHAPE + extra, task=task)

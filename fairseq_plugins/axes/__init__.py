@@ -112,7 +112,7 @@ def resolve(args) -> Plan:
     for axis, table in tables().items():
         value = getattr(args, axis)
         if axis == "tying" and value not in table:
-            picked[axis] = combined_tying(value)  # a comma list of blocks, as Crossformer's --guidance took
+            picked[axis] = combined_tying(value)  # a comma list of blocks, as --guidance takes
             continue
         picked[axis] = table[check_choice(axis, value, tuple(table))]
     return Plan(picked["residual"], picked["depth_aggregation"], picked["tying"], picked["norm"])

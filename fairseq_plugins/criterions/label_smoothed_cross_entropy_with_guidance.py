@@ -59,9 +59,9 @@ def check_guided(model) -> None:
     if not callable(getattr(model, "guidance_loss", None)) or not getattr(inner, "soft_guidance", True):
         raise PluginOptionError(
             f"--criterion {NAME} needs a model with a guidance_loss() method (the regularizer of eq. 1), "
-            f"e.g. --arch crossformer_sg_* or --guidance BLOCKS; {type(inner).__name__} has none. crossformer_hg ties "
-            "the guided pairs, so its regularizer is identically 0: train it with --criterion "
-            "label_smoothed_cross_entropy"
+            f"e.g. --arch crossformer_sg_* or --guidance BLOCKS; {type(inner).__name__} has none (crossformer_hg* only "
+            "ties blocks, --tying: add --guidance with other blocks, or train it with --criterion "
+            "label_smoothed_cross_entropy)"
         )
 
 

@@ -1,5 +1,5 @@
 """One table of the language-model architectures: ``{family}_lm_{width}d{depth}``, every family crossed with
-every LM width and depth, e.g. ``dca_lm_d12`` (512/2048/8, 12 layers), ``hc_dynamic_lm_gpt_d24``.
+the LM widths and the kept depths, e.g. ``dca_lm_d12`` (512/2048/8, 12 layers), ``hc_dynamic_lm_gpt_d24``.
 
 The families are read from the translation preset table (``fairseq_plugins.models.PRESETS``): one row per
 family, its registered model and its settings, so a family added there becomes a language model here by
@@ -37,6 +37,26 @@ LM_WIDTHS: dict[str, LMWidth] = {
 
 # the depths of DCA figure 6 (LM1B, 6 to 42 layers)
 LM_DEPTHS: tuple[int, ...] = (6, 12, 18, 24, 30, 36, 42)
+
+# Which names are registered (issue 54 item 7: the table stops generating names nobody uses; tests/test_arch_names.py
+# holds it). The LM names came a day before issue 26 and no checkpoint of the time names one, so no LM name is
+# legacy; kept are:
+# - every family at LM_KEPT_DEPTHS and every width: d6 is the depth of the LM golden commands
+#   (tests/golden/lm_commands.txt), of the LM benchmark's default (scripts/benchmark/benchmark.py LM_DEFAULT_DEPTH)
+#   and of the study lm_table5_d6; d12 that of lm_width_d12 (docs/study/);
+# - DCA figure 6's sweep, the experiment LM_DEPTHS come from: its two models at every depth, base width;
+# - the few other names a committed file uses (LM_ALSO_KEPT, each with its user).
+LM_KEPT_DEPTHS: tuple[int, ...] = (6, 12)
+LM_SWEPT_FAMILIES: tuple[str, ...] = ("transformer_preln", "dca")
+LM_ALSO_KEPT: frozenset[str] = frozenset({
+    "hc_dynamic_lm_gpt_d24",  # docs/language_models.md's example, tests/test_lm_model.py's shape check
+})  # fmt: skip
+
+
+def lm_kept(arch: str, family: str, width_name: str, layers: int) -> bool:
+    """Whether the table registers ``arch`` (the rules above)."""
+    swept = family in LM_SWEPT_FAMILIES and width_name == ""
+    return layers in LM_KEPT_DEPTHS or swept or arch in LM_ALSO_KEPT
 
 
 @dataclass(frozen=True)
@@ -96,7 +116,9 @@ def register_all() -> None:
         make_language_model(family, row.translation_model, row.translation_arch)
         for width_name, width in LM_WIDTHS.items():
             for layers in LM_DEPTHS:
-                register_lm_preset(f"{family}_lm_{width_name}d{layers}", row, layers, width)
+                arch = f"{family}_lm_{width_name}d{layers}"
+                if lm_kept(arch, family, width_name, layers):
+                    register_lm_preset(arch, row, layers, width)
 
 
 register_all()

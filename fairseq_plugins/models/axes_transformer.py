@@ -76,7 +76,8 @@ GUIDANCE = axes.Option(
     "guidance", check_soft_guidance, (), "none", "BLOCKS",
     "Crossformer soft guidance (eq. 1-2): which adjacent-layer pairs the criterion "
     "label_smoothed_cross_entropy_with_guidance pulls together: none (default) or 'all' or a comma-separated "
-    "list of key-query, ffn, value. The crossformer_hg* presets read it as their --tying (as before issue 26)",
+    "list of key-query, ffn, value; on every model, crossformer_hg* too (their checkpoints saved before issue 54, "
+    "whose --guidance named the tied blocks, load as tied: --tying names those now)",
 )  # fmt: skip
 GUIDANCE_NORM = axes.Option(
     "guidance_norm", check_choice, (GUIDANCE_NORMS,), "l2", "NORM",
@@ -92,8 +93,8 @@ SWITCHED_OPTIONS: dict[str, tuple[axes.Option, str, tuple[axes.Option, ...]]] = 
 
 
 def soft_guidance(args, plan) -> bool:
-    """Whether the model has a regularizer to train: --guidance names blocks and they are not the tied ones
-    (the crossformer_hg presets name their tied blocks in it, whose soft guidance is identically 0)."""
+    """Whether the model has a regularizer to train: --guidance names blocks and they are not the tied ones (whose
+    soft guidance is identically 0: refused on a command line, cleared from a checkpoint's args by build_model)."""
     return args.guidance != "none" and (plan is None or args.guidance != plan.tying.name)
 
 
@@ -112,7 +113,7 @@ def add_axis_args(parser) -> None:
     for axis, table in axes.tables().items():
         sources = "; ".join(f"{name}: {choice.source}" for name, choice in table.items())
         check, more = argparse_type(check_choice_suggesting, axis, tuple(table)), ""
-        if axis == "tying":  # a comma list of blocks too, as resolve() and crossformer_hg's --guidance take it
+        if axis == "tying":  # a comma list of blocks too, as resolve() and --guidance take it
             check, more = argparse_type(check_tying, axis), ", or a comma list of blocks (key-query,ffn)"
         parser.add_argument(
             "--" + axis.replace("_", "-"), type=check, metavar="CHOICE",
@@ -182,14 +183,21 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         axes.check_unused_options(args, plan)
         value_residual.check(args, plan)
         args.guidance = check_soft_guidance("guidance", args.guidance)
+        if args.guidance != "none" and args.guidance == plan.tying.name:
+            if not axes.drop_if_stored(args, "guidance"):
+                raise PluginOptionError(
+                    f"--guidance {args.guidance} names only the blocks that {plan.tying.label()} ties, whose soft "
+                    "guidance (L_reg) is identically 0: it would be ignored; drop --guidance or name other blocks "
+                    "(before issue 54 the crossformer_hg presets' --guidance named their tied blocks: --tying now)"
+                )
+            args.guidance = "none"  # the older code stored the tied blocks in it and built no regularizer
         if soft_guidance(args, plan):
             args.guidance_norm = check_choice("guidance_norm", args.guidance_norm, GUIDANCE_NORMS)
         elif axes.is_set(args, "guidance_norm") and not axes.drop_if_stored(args, "guidance_norm"):
-            has = f"--guidance {args.guidance}" + (f" with {plan.tying.label()} (tied: L_reg is identically 0)"
-                                                   if args.guidance != "none" else "")  # fmt: skip
             raise PluginOptionError(
                 "--guidance-norm applies only with soft guidance, --guidance BLOCKS other than the tied ones (the "
-                f"pairs whose differences it measures), and the model has {has}: it would be ignored; drop it"
+                f"pairs whose differences it measures), and the model has --guidance {args.guidance}: it would be "
+                "ignored; drop it"
             )
         if plan.tying.blocks and getattr(args, "ddp_backend", None) == "fully_sharded":
             raise PluginOptionError(
@@ -249,7 +257,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         # pairs join layers that were adjacent before any pruning (cross_layer_guidance.guidance_pairs)
         self.tied_pairs = pairs(plan.tying.blocks)
         self.guidance_pairs = pairs(guided_blocks(args.guidance) if args.guidance != "none" else ())
-        # soft guidance of tied pairs is identically 0 (the crossformer_hg presets name their tied blocks in it)
+        # soft guidance of tied pairs is identically 0 (build_model refuses --guidance naming only the tied blocks)
         self.soft_guidance = soft_guidance(args, plan)
         plan.residual.prepare(self)
 

@@ -15,7 +15,7 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from ..precision import AutocastModel
-from .presets import register_family
+from .presets import LEGACY_DEPTHS, register_family
 
 BASELINE_MODEL = "transformer_autocast"
 PRE_LN = {"encoder_normalize_before": True, "decoder_normalize_before": True}
@@ -27,5 +27,6 @@ class AutocastTransformerModel(AutocastModel, TransformerModel):
     """fairseq's transformer with ``--autocast-dtype`` (fairseq_plugins/precision.py); nothing else differs."""
 
 
-register_family("transformer_preln", BASELINE_MODEL, base_architecture, PRE_LN)
-register_family("transformer_postln", BASELINE_MODEL, base_architecture, POST_LN)
+# the baselines are legacy families: every width and depth (presets.py)
+register_family("transformer_preln", BASELINE_MODEL, base_architecture, PRE_LN, LEGACY_DEPTHS)
+register_family("transformer_postln", BASELINE_MODEL, base_architecture, POST_LN, LEGACY_DEPTHS)

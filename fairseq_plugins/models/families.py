@@ -7,15 +7,22 @@ saved by the code before issue 26 keep working: fairseq rebuilds a checkpoint th
 (``cfg.model._name``), whose architecture function here fills the axis choices the checkpoint's args lack.
 
 A family may read the option its presets used to set (``DERIVED``): ``laurel_transformer`` checkpoints carry
-``laurel_variant``, ``hc_transformer`` ones ``hc_mode``, and the axis choice follows it.
+``laurel_variant``, ``hc_transformer`` ones ``hc_mode``, and the axis choice follows it. ``crossformer_hg``
+checkpoints saved before issue 54 name their tied blocks in ``guidance`` (``crossformer_hg_guidance``).
+
+Which depths and widths each row registers is presets.py's data: the seed rows below keep all of them.
 """
 
 from fairseq.models import register_model, register_model_architecture
 
 from ..axes import declarations, set_defaults
+from ..criterions.label_smoothed_cross_entropy_with_guidance import (
+    NAME as GUIDANCE_CRITERION,
+)
+from ..validation import STORED_ARGS, PluginOptionError
 from . import baselines  # noqa: F401  (registers transformer_preln/postln first: DECLARED below skips taken names)
 from .axes_transformer import MODEL, AxesTransformerModel, axes_architecture
-from .presets import PRESETS, WIDTHS, register_family, register_preset
+from .presets import LEGACY_DEPTHS, PRESETS, WIDTHS, register_family, register_preset
 
 # legacy model name -> its axis settings
 FAMILIES: dict[str, dict[str, str]] = {
@@ -31,14 +38,44 @@ FAMILIES: dict[str, dict[str, str]] = {
     "laurel_transformer": {"depth_aggregation": "laurel-lr"},
     "hc_transformer": {"depth_aggregation": "hc-dynamic"},
     "crossformer_sg": {"guidance": "key-query", "guidance_norm": "l2"},
-    "crossformer_hg": {"guidance": "key-query"},
+    "crossformer_hg": {"tying": "key-query"},
 }
 # legacy model name -> (the option its presets set, how the axis choice follows from it)
 DERIVED = {
     "laurel_transformer": ("laurel_variant", lambda v: {"depth_aggregation": f"laurel-{v}"}),
     "hc_transformer": ("hc_mode", lambda v: {"depth_aggregation": f"hc-{v}"}),
-    "crossformer_hg": ("guidance", lambda v: {"tying": v}),  # its --guidance named the tied blocks
 }
+
+
+def crossformer_hg_guidance(args) -> None:
+    """crossformer_hg's ``--guidance`` before issue 54: it named the tied blocks (the presets read it as their
+    ``--tying``). ``--guidance`` is Crossformer's soft guidance on every model now, and these presets set ``tying``.
+
+    A checkpoint saved by the older code (``validation.STORED_ARGS`` on its args) stores the tied blocks in
+    ``guidance`` and no ``tying`` (before issue 26) or the same blocks in it (since): it loads as it was built,
+    tied and without soft guidance. A command line giving ``--guidance`` to a crossformer_hg arch with a criterion
+    that does not train the regularizer is the old spelling of ``--tying`` (the older code refused the guidance
+    criterion on these models): one error says so, instead of a model tied otherwise than the command meant."""
+    guidance = getattr(args, "guidance", None)
+    if guidance in (None, "none"):
+        return
+    overrides = getattr(args, STORED_ARGS, None)
+    if overrides is not None and "guidance" not in overrides:
+        if getattr(args, "tying", None) in (None, guidance):
+            args.tying, args.guidance = guidance, "none"
+        return
+    criterion = getattr(args, "criterion", None)
+    if isinstance(criterion, str) and criterion != GUIDANCE_CRITERION:
+        raise PluginOptionError(
+            f"--guidance {guidance} with --arch {getattr(args, 'arch', 'crossformer_hg')}: --guidance is "
+            f"Crossformer's soft guidance, a regularizer only --criterion {GUIDANCE_CRITERION} trains, and the "
+            f"criterion is {criterion}: it would be ignored. To tie blocks (what --guidance meant on the "
+            f"crossformer_hg presets before issue 54) use --tying {guidance}"
+        )
+
+
+# legacy model name -> the translation of its presets' legacy options, run before any preset fills a default
+LEGACY = {"crossformer_hg": crossformer_hg_guidance}
 
 
 def family_architecture(model: str):
@@ -49,9 +86,10 @@ def family_architecture(model: str):
                 set_defaults(args, follow(getattr(args, option)))
 
     def architecture(args):
+        if model in LEGACY:
+            LEGACY[model](args)
         derive(args)  # a checkpoint's or the command line's legacy option first
         set_defaults(args, FAMILIES[model])
-        derive(args)  # then the family's own default (crossformer_hg: --guidance key-query)
         axes_architecture(args)
 
     architecture.__name__ = f"{model}_architecture"
@@ -85,13 +123,14 @@ def _register_alias(model: str) -> type:
 ALIASES: dict[str, type] = {model: _register_alias(model) for model in FAMILIES}
 register_model_architecture(MODEL, MODEL)(axes_architecture)
 
-# family prefix -> (legacy model, preset settings); every depth and width of presets.py
+# family prefix -> (legacy model, preset settings); every depth and width of presets.py (LEGACY_DEPTHS: the seed
+# families' names are the ones checkpoints, scripts and studies before issue 26 named)
 ROWS: dict[str, tuple[str, dict]] = {  # in the registration order of the code before issue 26 (table order)
     "crossformer_sg": ("crossformer_sg", {}),
     "crossformer_hg": ("crossformer_hg", {}),
     # Crossformer table 1's other hard-guidance rows, one name each: a study compares them by --arch alone
-    "crossformer_hg_ffn": ("crossformer_hg", {"guidance": "ffn"}),
-    "crossformer_hg_value": ("crossformer_hg", {"guidance": "value"}),
+    "crossformer_hg_ffn": ("crossformer_hg", {"tying": "ffn"}),
+    "crossformer_hg_value": ("crossformer_hg", {"tying": "value"}),
     "dca": ("dca_transformer", {}),
     "dca_k2": ("dca_transformer", {"depth_aggregation": "dca-k", "dca_k": 2}),
     "denseformer": ("denseformer_transformer", {}),
@@ -109,10 +148,10 @@ ROWS: dict[str, tuple[str, dict]] = {  # in the registration order of the code b
     "residual": ("residual_transformer", {}),
 }
 for _prefix, (_model, _settings) in ROWS.items():
-    register_family(_prefix, _model, family_architecture(_model), _settings)
+    register_family(_prefix, _model, family_architecture(_model), _settings, LEGACY_DEPTHS, LEGACY.get(_model))
     if _prefix == "crossformer_hg_value":  # Crossformer-All, table 2's one configuration (modules/cross_layer_guidance.py)
         register_preset("crossformer_all_e16d6", "crossformer_hg", "crossformer_all", 16, 6, WIDTHS[""],
-                        family_architecture("crossformer_hg"), {"guidance": "all"})  # fmt: skip
+                        family_architecture("crossformer_hg"), {"tying": "all"}, crossformer_hg_guidance)  # fmt: skip
 
 # combinations worth naming (issue 26 item 4): the project's three ideas in one model, ResiDual-free wiring with
 # k-DCA's depth aggregation, and the combination study's rows (docs/study/combinations_e12d12): table 2's best

@@ -1,10 +1,11 @@
 """One table of named architectures: every ``--arch`` name of the plugin is a row here.
 
 A family (a model plus its fixed settings: since issue 26 the axis choices of ``residual_axes``, rows in
-families.py) is crossed with every width and depth below, so ``register_family("residual",
-"residual_transformer", family_architecture("residual_transformer"))`` registers ``residual_e6d6`` ...
-``residual_e36d6`` and ``residual_iwslt_e6d6`` ... ``residual_iwslt_e36d6``; ``residual_transformer`` is the
-alias of ``residual_axes`` with ``--residual resi-dual``.
+families.py) is crossed with the widths and depths below, so ``register_family("residual",
+"residual_transformer", family_architecture("residual_transformer"), depths=LEGACY_DEPTHS)`` registers
+``residual_e6d6`` ... ``residual_e36d6`` and ``residual_iwslt_e6d6`` ... ``residual_iwslt_e36d6``;
+``residual_transformer`` is the alias of ``residual_axes`` with ``--residual resi-dual``. Which depths a family
+gets is the table's data (``LEGACY_DEPTHS``, ``KEPT_DEPTHS``, ``ALSO_KEPT`` below, and why).
 ``scripts/analysis/param_table.py`` prints the table with the parameter count of each built model.
 
 Presets fix only the shape (depth, width, heads) and the family's own switches, and only as defaults:
@@ -44,6 +45,23 @@ DEPTHS: dict[str, tuple[int, int]] = {
     "e36d6": (36, 6),
 }
 
+# Which names are registered (issue 54 item 7: names users rely on keep working, the table stops generating names
+# nobody uses; tests/test_arch_names.py holds both):
+# - every family registered before issue 26 (the seed families, ROWS in families.py, and the two baselines) keeps
+#   every width and depth: with crossformer_all_e16d6 and the 13 family model names these are the 350 names of the
+#   plugin before the axes and the 2024-26 ideas (tests/golden/legacy_archs.txt), which checkpoints, scripts and
+#   studies of that time may name;
+# - every family added since (issue 26's combinations, issue 27's ideas, every declared preset) gets KEPT_DEPTHS at
+#   both widths: the benchmark's default depths (scripts/benchmark/bench_families.py DEFAULT_DEPTHS; the choices'
+#   speed targets are declared at them), which are also the depths of every committed study and test of those
+#   families (E6D6, E12D12, the benchmark's E18D18 and E36D6);
+# - and the few other names a committed file uses (ALSO_KEPT, each with its user).
+LEGACY_DEPTHS: tuple[str, ...] = tuple(DEPTHS)
+KEPT_DEPTHS: tuple[str, ...] = ("e6d6", "e12d12", "e18d18", "e36d6")
+ALSO_KEPT: frozenset[str] = frozenset({
+    "mixln_e12d6",  # tests/test_axes_new_ideas.py: Mix-LN's split of an encoder deeper than its decoder
+})  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -75,8 +93,11 @@ def register_preset(
     width: Width,
     base_architecture: Callable,
     settings: dict[str, object] | None = None,
+    legacy: Callable | None = None,
 ) -> Preset:
-    """Register one ``--arch`` name for ``model`` and record it in PRESETS."""
+    """Register one ``--arch`` name for ``model`` and record it in PRESETS. ``legacy(args)``, if given, runs first:
+    it translates options whose meaning changed (families.py: crossformer_hg's old ``--guidance``) before the
+    preset's settings fill anything."""
     preset = Preset(arch, model, family, encoder_layers, decoder_layers, width, dict(settings or {}))
     shape = {
         "encoder_layers": encoder_layers,
@@ -90,6 +111,8 @@ def register_preset(
     }
 
     def architecture(args):
+        if legacy is not None:
+            legacy(args)
         _set_defaults(args, shape)
         _set_defaults(args, preset.settings)
         base_architecture(args)
@@ -102,13 +125,22 @@ def register_preset(
 
 
 def register_family(
-    prefix: str, model: str, base_architecture: Callable, settings: dict[str, object] | None = None
+    prefix: str,
+    model: str,
+    base_architecture: Callable,
+    settings: dict[str, object] | None = None,
+    depths: tuple[str, ...] = KEPT_DEPTHS,
+    legacy: Callable | None = None,
 ) -> None:
-    """Register ``{prefix}_{width}{depth}`` for every width and depth of the table."""
+    """Register ``{prefix}_{width}{depth}`` for every width and each of ``depths`` (a new family: KEPT_DEPTHS),
+    plus the family's names in ALSO_KEPT; in the table's order of widths and depths."""
     for width_name, width in WIDTHS.items():
         for depth_name, (encoder_layers, decoder_layers) in DEPTHS.items():
+            arch = f"{prefix}_{width_name}{depth_name}"
+            if depth_name not in depths and arch not in ALSO_KEPT:
+                continue
             register_preset(
-                f"{prefix}_{width_name}{depth_name}",
+                arch,
                 model,
                 prefix,
                 encoder_layers,
@@ -116,4 +148,5 @@ def register_family(
                 width,
                 base_architecture,
                 settings,
+                legacy,
             )

@@ -71,7 +71,7 @@ class PaperRow:
     layers: str
     paper_m: int  # #Params as printed, in millions
     arch: str
-    guidance: str | None = None  # --guidance for the Crossformer models
+    blocks: str | None = None  # the Crossformer models' blocks: --tying (hard guidance) or --guidance (soft)
 
 
 def _crossformer_rows() -> list[PaperRow]:
@@ -142,9 +142,10 @@ def crossformer_param_rows(vocabularies: dict[str, Vocabulary]) -> list[dict]:
     for row in _crossformer_rows():
         vocab = vocabularies[row.dataset]
         share_args, source, target = _vocabulary_settings(vocab)
-        guidance = ["--guidance", row.guidance] if row.guidance else []
-        params = count(row.arch, [*guidance, *share_args], source, target)
         preset = PRESETS[row.arch]
+        hard = preset.model == "crossformer_hg"
+        guidance = ["--tying" if hard else "--guidance", row.blocks] if row.blocks else []
+        params = count(row.arch, [*guidance, *share_args], source, target)
         paper = row.paper_m * MILLION
         entry = {
             "table": row.table, "column": row.column, "model": row.model, "layers": row.layers,
@@ -160,8 +161,8 @@ def crossformer_param_rows(vocabularies: dict[str, Vocabulary]) -> list[dict]:
             entry["note"] = _transformer_note(entry, vocab, preset)
             if row.arch == "transformer_preln_e6d6" and row.column != "IWSLT'14 De-En, hard guidance":
                 entry["alternatives"] = _alternatives(row, count)
-        elif preset.model == "crossformer_hg":
-            guided = row.guidance or preset.settings["guidance"]  # crossformer_all_e16d6: "all"
+        elif hard:
+            guided = row.blocks or preset.settings["tying"]  # crossformer_all_e16d6: "all"
             blocks = BLOCKS if guided == "all" else tuple(guided.split(","))
             # the Pre-LN transformer of the same width and depth (presets are defaults: the depth overrides)
             base = next(p.arch for p in PRESETS.values() if p.family == "transformer_preln" and p.width == preset.width)

@@ -22,11 +22,22 @@ def architectures_list() -> str:
                      f"`{ARCH_MODEL_NAME_REGISTRY[archs[0]]}`",
                      cli.changes(cli.resolved(archs[0]), base, names)])  # fmt: skip
     total = sum(len(a) for a in families.values())
-    lm_presets = lm.presets
+    lm_presets, presets = lm.presets, models.presets
+
+    def names(items) -> str:  # a table's order; a set sorted
+        return " ".join(f"`{n}`" for n in (sorted(items) if isinstance(items, set | frozenset) else items))
+
+    # which depths a family gets is the tables' data (presets.py, lm/presets.py: the kept names and why)
+    translation_depths = (f"the seed families and baselines (before issue 26): {names(presets.LEGACY_DEPTHS)}; "
+                          f"every family since: {names(presets.KEPT_DEPTHS)}; also {names(presets.ALSO_KEPT)}")
+    lm_depths = (f"every family: {' '.join(f'`d{d}`' for d in lm_presets.LM_KEPT_DEPTHS)}; "
+                 f"{names(lm_presets.LM_SWEPT_FAMILIES)} at the base width: "
+                 f"{' '.join(f'`d{d}`' for d in lm_presets.LM_DEPTHS)} (DCA figure 6); also "
+                 f"{names(lm_presets.LM_ALSO_KEPT)}")
     shapes = table(["names", "depths", "widths (infix: d_model/d_ffn/heads, source)"], [
-        ["translation `{family}_{width}{depth}`", " ".join(f"`{d}`" for d in models.DEPTHS),
+        ["translation `{family}_{width}{depth}`", translation_depths,
          "; ".join(f"`{k or '(none)'}`: {w.embed_dim}/{w.ffn_dim}/{w.heads}, {w.source}" for k, w in models.WIDTHS.items())],
-        ["language model `{family}_lm_{width}d{layers}`", " ".join(f"`d{d}`" for d in lm_presets.LM_DEPTHS),
+        ["language model `{family}_lm_{width}d{layers}`", lm_depths,
          "; ".join(f"`{k or '(none)'}`: {w.embed_dim}/{w.ffn_dim}/{w.heads}, {w.source}"
                    for k, w in lm_presets.LM_WIDTHS.items())],
     ])  # fmt: skip
