@@ -241,8 +241,8 @@ def test_an_option_of_a_choice_not_made_is_refused(arch, extra, message):
 
 @pytest.mark.parametrize(("extra", "names"), [
     (["--residual", "hybrid", "--tying", "key-query"], ("--residual hybrid", "--tying key-query")),
-    (["--residual", "rezero", "--depth-aggregation", "dca"], ("--residual rezero", "--depth-aggregation dca")),
-    (["--residual", "peri", "--depth-aggregation", "hc-static"], ("--residual peri", "--depth-aggregation hc-static")),
+    (["--residual", "rezero", "--depth-aggregation", "dca"], ("--depth-aggregation dca", "--residual rezero")),
+    (["--residual", "orthogonal", "--depth-aggregation", "hc-static"], ("--depth-aggregation hc-static", "--residual orthogonal")),
     (["--residual", "pre", "--norm", "dyt", "--depth-aggregation", "dca"], ("--depth-aggregation dca", "--norm dyt")),
 ])  # fmt: skip
 def test_refusals_name_both_choices(extra, names):

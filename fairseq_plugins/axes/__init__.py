@@ -28,8 +28,11 @@ unless a rule below says how they compose. The parts:
     "stream"   the carry between layers (layer_stack.py's begin_layers/run_layer/end_layers): ResiDual's
                dual stream, the depth stack of DCA/DenseFormer/DLCL, LAuReL's history, the n streams of
                hyper-connections.
-    "layer"    the layer's forward: a residual choice that builds its own layer class (DeepNet, Admin, ...)
-               or an aggregation choice whose layers read their inputs differently (DCA, hyper-connections).
+    "layer"    the layer's forward: a residual choice that builds its own layer class (DeepNet, Admin, ...).
+               An aggregation choice whose layers read their inputs differently (DCA, hyper-connections) builds
+               them (``own_layers``) without owning the part: a residual choice whose update is a function of
+               each branch alone changes their branches (``branch_change``), and the others declare what they
+               do to the stream at the sum (``stream_site``), which such an aggregation refuses (its ``conflict``).
 
 Every other fact about a choice is declared on it, once, as a class attribute (``CAPABILITIES``); the tests, the
 precision module, the benchmark's targets and the generated docs read them (``declarations()``) instead of

@@ -6,9 +6,12 @@ make_layer, no_encoder_attn)``): every choice but ``none`` is a ``LayerStackEnco
 Choices that treat a layer as a black box x -> y (``none``, DenseFormer, DLCL, LAuReL) build every layer with
 ``make_layer``, the residual axis's factory, so they compose with every residual choice that does not own the
 carry itself; choices whose layers read their inputs differently (DCA: GRN mixtures as queries, keys and
-values; hyper-connections: n streams per token) build their own Pre-LN layers and compose only with
-``--residual pre``. The math is in ``fairseq_plugins/modules/`` (dca.py, depth_stack.py and grn.py for DCA,
-depth_aggregation.py, laurel.py, hyper_connections.py).
+values; hyper-connections: n streams per token) build their own Pre-LN layers (``own_layers``), whose every
+sublayer branch a residual choice may change when its update is a function of the branch alone (its
+``branch_change``: LayerScale, ReZero, Peri-LN, T-Fixup, NormFormer; modules/site_layers.py's ``BranchChange``
+states the composed maths); the other residual choices act on the stream at the sum, which these own, and
+declare what (``stream_site``, their refusal here). The math is in ``fairseq_plugins/modules/`` (dca.py,
+depth_stack.py and grn.py for DCA, depth_aggregation.py, laurel.py, hyper_connections.py).
 
 The stream-carry ideas (hyper-connections here; mHC, mHC-lite, frac-connections, Full and Block AttnRes in
 aggregation_streams.py), DCA and the between-layer ideas (DenseFormer, DLCL, LAuReL) are ``CarryAggregation``
@@ -54,7 +57,7 @@ def check_position_indexed(args, who: str, why: str = POSITION_INDEXED) -> None:
 class Aggregation(Choice):
     axis = "depth_aggregation"
     family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
-    own_layers = False  # True: builds its own Pre-LN layers (needs --residual pre)
+    own_layers = False  # True: builds its own Pre-LN layers (a residual choice changes their branches or is refused)
     pinned: tuple[str, str] | None = None  # (option, value) the choice's name sets: LAuReL's variant, HC's mode
     min_layers = 0  # a stack with fewer layers has nothing to aggregate over (its modules refuse to build)
 
@@ -64,8 +67,8 @@ class Aggregation(Choice):
 
     @classmethod
     def conflict(cls, other) -> str | None:
-        if cls.own_layers and other.axis == "residual" and not other.pre_ln:
-            return f"{cls.source}'s layers are Pre-LN, and {other.name}'s are Post-LN"
+        if cls.own_layers and other.axis == "residual" and other.stream_site is not None:
+            return str(other.stream_site)  # what the residual choice does at the sum, which this choice's site owns
         return None
 
     @classmethod
@@ -104,13 +107,20 @@ class Aggregation(Choice):
         return stack(*args, **kwargs) if cls.own_layers else build_with_layers(stack, make_layer, *args, **kwargs)
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        return cls.build(cls.stacks()[0], make_layer, cfg, dictionary, embed_tokens, *cls.stack_args(args))
+    def stack_kwargs(cls, change) -> dict:
+        """What the stacks take by keyword from the residual choice: its ``branch_change`` (site_layers.py's
+        ``BranchChange``), for a choice that builds its own layers; None: the layers are the carry's alone."""
+        return {}
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer, change=None):
+        return cls.build(cls.stacks()[0], make_layer, cfg, dictionary, embed_tokens, *cls.stack_args(args),
+                         **cls.stack_kwargs(change))  # fmt: skip
+
+    @classmethod
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn, change=None):
         return cls.build(cls.stacks()[1], make_layer, cfg, dictionary, embed_tokens, *cls.stack_args(args),
-                         no_encoder_attn=no_encoder_attn)  # fmt: skip
+                         no_encoder_attn=no_encoder_attn, **cls.stack_kwargs(change))  # fmt: skip
 
 
 class NoAggregation(Aggregation):
@@ -131,11 +141,11 @@ class NoAggregation(Aggregation):
 class CarryAggregation(Aggregation):
     """An idea declared by its carry (``carry``, modules/carry.py): the carry and its modules are all it adds,
     the stacks are carry_stack.py's. A stream-carry idea runs that module's Pre-LN layers on its sites, and DCA
-    its own layers (its carry builds them), so each owns the layers (``--residual pre`` only) as it owns the
-    carry; a between-layer idea (DenseFormer, DLCL, LAuReL) sets ``own_layers = False`` and runs the residual
-    axis's layers."""
+    and MUDD their own layers (their carries build them), whose branches the residual choice's ``branch_change``
+    changes (``own_layers``; the other residual choices are refused by ``conflict``); a between-layer idea
+    (DenseFormer, DLCL, LAuReL) sets ``own_layers = False`` and runs the residual axis's layers."""
 
-    owns, own_layers = frozenset({"stream", "layer"}), True
+    owns, own_layers = frozenset({"stream"}), True
 
     @classmethod
     def carry(cls, args) -> Carry:
@@ -150,13 +160,17 @@ class CarryAggregation(Aggregation):
     def stack_args(cls, args) -> tuple:
         return (cls.carry(args),)
 
+    @classmethod
+    def stack_kwargs(cls, change) -> dict:
+        return {"change": change} if cls.own_layers and change is not None else {}
+
 
 MAX_DCA_K = 10_000  # parse-time bound only; check bounds k by the model's depth
 
 
 class DCA(CarryAggregation):
     name, source, family = "dca", "DeepCrossAttention (arXiv:2502.06785)", "dca_transformer"
-    owns, own_layers = frozenset({"stream", "layer"}), True
+    owns, own_layers = frozenset({"stream"}), True
     default_k = 0
     paper, code, preset = "https://arxiv.org/abs/2502.06785", "", "dca"
     # the texts of its refusals (check, and DCACarry's torchscript_unsupported_reason in modules/dca.py)
@@ -188,6 +202,9 @@ class DCA(CarryAggregation):
     def conflict(cls, other) -> str | None:
         if other.axis == "norm" and other.name != "layernorm":
             return "DCA's GRNs are fused with the LayerNorm that follows them (modules/grn.py and its kernels)"
+        if other.axis == "residual" and other.stream_site is None and not other.sublayer_norms:
+            return (f"DCA's attention reads LN(GRN(G)) for its queries, keys and values (the norm fused with the "
+                    f"GRNs), and {other.name}'s sublayers have no input norm")  # fmt: skip
         return super().conflict(other)
 
     @classmethod

@@ -9,8 +9,11 @@
     lime       LIMe (arXiv:2502.09245): each layer's keys/values routed from all earlier    modules/lime.py
                layers' keys/values (not a stream carry: it wraps the self-attentions' k/v_proj, owns nothing)
 
-Like hyper-connections they own the carry between layers and their layers (Pre-LN sublayers on n streams):
-``owns = {"stream", "layer"}``, so they refuse the other stream owners and every residual choice but ``pre``.
+Like hyper-connections they own the carry between layers (``owns = {"stream"}``) and build their layers
+(carry_stack.py's Pre-LN sublayers on their sites, MUDD its own): they refuse the other stream owners and the
+residual choices that act on the stream at the sum (their ``stream_site``), and run the others' change of each
+branch (``branch_change``: LayerScale, ReZero, Peri-LN, T-Fixup, NormFormer; modules/site_layers.py's
+``BranchChange``; MUDD only those that keep the sublayer norms its ways read).
 mHC, mHC-lite, frac, the AttnRes pair and MUDD are ``CarryAggregation`` choices: their carry (modules/carry.py)
 is all they add to the one carry stack (modules/carry_stack.py).
 """
@@ -161,7 +164,7 @@ class AttnResBlock(AttnRes):
 
 class MUDD(CarryAggregation):
     name, source = "mudd", "MUDDFormer (Xiao et al., arXiv:2502.12170)"
-    owns, own_layers, min_layers = frozenset({"stream", "layer"}), True, 1
+    owns, own_layers, min_layers = frozenset({"stream"}), True, 1
     paper, code, preset = "https://arxiv.org/abs/2502.12170", "https://github.com/Caiyun-AI/MUDDFormer", "mudd"
     prunes, scripts = POSITION_INDEXED, LAYER_LOOP
     activation_checkpointing = ("every layer reads the outputs of all earlier layers, gathered once per forward pass "
@@ -169,6 +172,13 @@ class MUDD(CarryAggregation):
     double_backward = "muddformer.py: its backward accumulates into buffers shared by the forward pass, outside autograd"
     float32 = ("the MLP and the weights A over the earlier layers",)
     speed = AGGREGATES
+
+    @classmethod
+    def conflict(cls, other) -> str | None:
+        if other.axis == "residual" and other.stream_site is None and not other.sublayer_norms:
+            return (f"MUDD normalises each of its Q, K and V ways with its own LayerNorm (eq. 7), and {other.name}'s "
+                    "sublayers have no input norm")  # fmt: skip
+        return super().conflict(other)
 
     @classmethod
     def check(cls, args) -> None:
@@ -255,12 +265,13 @@ class LIMe(Aggregation):
         return stack
 
     @classmethod
-    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer):
-        return cls.attach(super().encoder(cfg, dictionary, embed_tokens, args, make_layer), args)
+    def encoder(cls, cfg, dictionary, embed_tokens, args, make_layer, change=None):
+        return cls.attach(super().encoder(cfg, dictionary, embed_tokens, args, make_layer, change), args)
 
     @classmethod
-    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn):
-        return cls.attach(super().decoder(cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn), args)
+    def decoder(cls, cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn, change=None):
+        return cls.attach(super().decoder(cfg, dictionary, embed_tokens, args, make_layer, no_encoder_attn, change),
+                          args)  # fmt: skip
 
 
 STREAM_AGGREGATIONS = (MHC, MHCLite, AttnRes, AttnResBlock, Frac, MUDD, LIMe)

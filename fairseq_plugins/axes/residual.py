@@ -15,12 +15,19 @@ tying), may keep model-level state (``prepare``, ``before_forward``), and may ow
     normformer    modules/normformer.py (NormFormer, arXiv:2110.09456): Pre-LN plus three extra operations
     layerscale, rezero, orthogonal, peri, mix, hybrid: the 2024-26 ideas, axes/residual_sites.py
 
+With a stream carry (``--depth-aggregation`` hc-*, mhc*, attnres*, frac: one site per sublayer owns how the
+sublayer's output updates the state; dca, dca-k and mudd likewise in their own layers) a choice composes when its
+update is a function of each branch alone: ``branch_change`` gives that change (modules/site_layers.py's
+``BranchChange``, where the composed maths is stated), built on the carry's layers. Every other choice declares why not in ``stream_site``: what it does to the
+stream at the sum, which the carry's site owns (the aggregation's refusal reads it, axes/aggregation.py).
+
 A residual-site hook for the next ideas (LayerScale, ReZero, an orthogonal update): a layer class that
 overrides fairseq's one-line ``residual_connection(x, residual)`` (or ``SiteResidual.combine(site, x,
 residual)`` when the sublayer matters), plus a Choice here whose ``encoder_layer``/``decoder_layer`` build it.
 """
 
 import copy
+from functools import partial
 
 import torch
 from fairseq.modules.transformer_layer import (
@@ -31,13 +38,14 @@ from fairseq.modules.transformer_layer import (
 from ..modules import admin, normformer
 from ..modules import residual_wiring as rw
 from ..modules.dual_residual import ResiDualDecoder, ResiDualEncoder
+from ..modules.site_layers import BranchChange
 from ..validation import (
     PluginOptionError,
     check_bool,
     check_choice,
     check_float,
 )
-from .choice import MATCHES, Choice, Option, set_defaults
+from .choice import MATCHES, UNDECLARED, Choice, Option, set_defaults
 
 
 def require_layer_norm_position(args, family: str, pre_ln: bool) -> None:
@@ -71,10 +79,25 @@ RECORDS_SITES = ("its layers record the residual sites in forward with try/final
                  "cannot compile")  # fmt: skip
 
 
+# the end of every ``stream_site`` reason: what both own
+CARRY_OWNS = "the sum that a stream carry replaces by its own update of its state"
+
+
 class Residual(Choice):
     axis = "residual"
     pre_ln = True
     family = ""  # the model name of the presets that used it before issue 26 (named in its errors)
+    # with a stream carry (module docstring): None, the choice composes (``branch_change``); else why not, one line
+    # in the maths naming what the choice does at the sum that the carry's site owns. Every choice declares it.
+    stream_site: str | None = UNDECLARED
+    sublayer_norms = True  # False: its sublayers have no input norm (F(x), not F(LN(x)))
+
+    @classmethod
+    def branch_change(cls, args) -> BranchChange | None:
+        """The change of every sublayer branch on a stream carry's layers (None: none, the carry's Pre-LN
+        branches), for a choice whose ``stream_site`` is None; an option of the choice that the carry cannot run
+        is refused here, naming it (the model calls this among its checks)."""
+        return None
 
     @classmethod
     def defaults(cls, args) -> None:
@@ -118,6 +141,7 @@ class Residual(Choice):
 
 class Pre(Residual):
     name, source = "pre", "Pre-LN, x <- x + F(LN(x)) (Xiong et al. 2020; fairseq --*-normalize-before)"
+    stream_site = None  # the carries' own sublayers: no change
     paper, code, preset = "https://arxiv.org/abs/2002.04745", "", "transformer_preln"  # the benchmark's baseline
     prunes = scripts = activation_checkpointing = double_backward = None
     float32, speed = (), ()
@@ -125,6 +149,7 @@ class Pre(Residual):
 
 class Post(Residual):
     name, source, pre_ln = "post", "Post-LN, x <- LN(x + F(x)) (Vaswani et al. 2017; fairseq's default)", False
+    stream_site = f"Post-LN normalises the stream after each sublayer's sum, x <- LN(x + F(x)), {CARRY_OWNS}"
     paper, code, preset = "https://arxiv.org/abs/1706.03762", "https://github.com/tensorflow/tensor2tensor", "transformer_postln"
     prunes = scripts = activation_checkpointing = double_backward = None
     float32, speed = (), ()
@@ -133,6 +158,8 @@ class Post(Residual):
 class ResiDual(Residual):
     name, source, pre_ln, family = "resi-dual", "ResiDual (arXiv:2304.14802)", False, "residual_transformer"
     owns = frozenset({"stream", "layer"})
+    # shown only if the part rule (both own the carry between layers) did not refuse first
+    stream_site = f"ResiDual adds each sublayer's output to a second, unnormalised stream too, {CARRY_OWNS}"
     paper, code, preset = "https://arxiv.org/abs/2304.14802", "https://github.com/microsoft/ResiDual", "residual"
     prunes = scripts = activation_checkpointing = double_backward = None
     float32 = ("the dual stream (float32 by type promotion under autocast; --dual-residual-scale for --fp16)",)
@@ -167,6 +194,7 @@ DEEPNET_INITS = ("paper", "torchscale")
 class DeepNet(Residual):
     name, source, pre_ln, family = "deepnet", "DeepNet (arXiv:2203.00555)", False, "deepnet_transformer"
     owns = frozenset({"layer"})
+    stream_site = f"DeepNet scales the stream by alpha and normalises the sum, x <- LN(alpha x + F(x)), {CARRY_OWNS}"
     paper, code, preset = "https://arxiv.org/abs/2203.00555", "https://github.com/microsoft/torchscale", "deepnet"
     # alpha, a forward constant, is derived from both depths: fairseq's pruning would rebuild the kept layers with
     # the pruned depth's alpha, a model that was never trained
@@ -215,6 +243,8 @@ TFIXUP_DECODER_DEPTHS = ("encoder", "decoder")
 class TFixup(Residual):
     name, source, pre_ln, family = "tfixup", "T-Fixup (Huang et al., ICML 2020)", False, "tfixup_transformer"
     owns = frozenset({"layer"})
+    stream_site = None  # x <- x + F(x) without norms: F changes (no input norm, its init), the sum does not
+    sublayer_norms = False
     paper, code = "https://proceedings.mlr.press/v119/huang20f.html", "https://github.com/layer6ai-labs/T-Fixup"
     preset = "tfixup"
     prunes = scripts = activation_checkpointing = double_backward = None  # the depth sets only the initial weights
@@ -237,6 +267,11 @@ class TFixup(Residual):
         if other.axis == "norm" and other.name != "layernorm":
             return "T-Fixup removes every normalisation, so there is no normalisation function to choose"
         return None
+
+    @classmethod
+    def branch_change(cls, args) -> BranchChange:
+        # the branch F(h) without its input norm; initialize() scales F's weights on the carry's layers as on its own
+        return BranchChange(sublayer_norms=cls.sublayer_norms)
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -263,6 +298,8 @@ B2T_INITS = ("rescaled", "default")
 class B2T(Residual):
     name, source, pre_ln, family = "b2t", "B2T connection (Takase et al., Findings of ACL 2023)", False, "b2t_transformer"
     owns = frozenset({"layer"})
+    stream_site = ("B2T normalises each sum and adds the layer's input to its last one, x <- LN(x_in + x + F(x)), "
+                   f"{CARRY_OWNS}")  # fmt: skip
     paper, code, preset = "https://arxiv.org/abs/2206.00330", "https://github.com/takase/b2t_connection", "b2t"
     prunes = activation_checkpointing = double_backward = None  # L^(-1/2) sets only the initial weights
     scripts = RECORDS_SITES
@@ -300,6 +337,7 @@ NORMFORMER_HELP = {
 class NormFormer(Residual):
     name, source, family = "normformer", "NormFormer (arXiv:2110.09456)", "normformer_transformer"
     owns = frozenset({"layer"})
+    stream_site = None  # head scales and LN_a, LN_f change F alone; lambda (--scale-resids): branch_change refuses it
     paper, code = "https://arxiv.org/abs/2110.09456", "https://github.com/facebookresearch/fairseq/tree/main/examples/normformer"
     preset = "normformer"
     prunes = activation_checkpointing = double_backward = None
@@ -316,6 +354,22 @@ class NormFormer(Residual):
     @classmethod
     def scriptable(cls, args) -> bool:
         return args.normformer_impl == "fairseq"  # the paper's encoder layer is a SiteResidual
+
+    @classmethod
+    def branch_change(cls, args) -> BranchChange:
+        with_carry = f"with --depth-aggregation {args.depth_aggregation}"
+        if args.scale_resids:
+            raise PluginOptionError(
+                f"--scale-resids cannot be used {with_carry}: NormFormer's lambda scales the stream at the FFN's "
+                f"sum, x <- lambda x + F(x), {CARRY_OWNS}; use --scale-resids false"
+            )
+        if args.normformer_impl != "paper":
+            raise PluginOptionError(
+                f"--normformer-impl {args.normformer_impl} cannot be used {with_carry}: it is fairseq's decoder "
+                "layer's own forward, which the carry's layers do not run; use --normformer-impl paper"
+            )
+        flags = {flag: bool(getattr(args, flag)) for flag in normformer.FLAGS}
+        return BranchChange(inside=partial(normformer.carry_layer_, flags=flags, export=getattr(args, "export", False)))
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -335,6 +389,7 @@ class NormFormer(Residual):
 class Admin(Residual):
     name, source, pre_ln, family = "admin", "Admin (arXiv:2004.08249)", False, "admin_transformer"
     owns = frozenset({"layer"})
+    stream_site = f"Admin scales the stream by omega and normalises the sum, x <- LN(omega x + F(x)), {CARRY_OWNS}"
     paper, code = "https://arxiv.org/abs/2004.08249", "https://github.com/LiyuanLucasLiu/Transformer-Clinic"
     preset = "admin"
     prunes = activation_checkpointing = double_backward = None  # the omegas are per layer and follow it

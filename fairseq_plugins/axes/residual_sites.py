@@ -17,7 +17,14 @@ inside a normalised sum); so one switch, one owner of the layer (``owns = {"laye
 every stack that treats a layer as a black box (DenseFormer, DLCL, LAuReL), with tying and with the norm axis.
 All keep fairseq's stack-final LayerNorm (``pre_ln``), as the papers keep their final norm, except ReZero, whose
 authors' code has none (``--rezero-final-norm``).
+
+With a stream carry (axes/residual.py's ``stream_site``): LayerScale, ReZero and Peri-LN change each branch alone
+(diag(lambda) b, alpha b without sublayer norms, LN_out(b)), so they compose, their update modules' ``branch``
+on the carry's layers (modules/site_layers.py's ``BranchChange``); the orthogonal update, Mix-LN, HybridNorm and
+nGPT act on the stream at the sum, and declare what.
 """
+
+from functools import partial
 
 from ..modules import ngpt
 from ..modules import site_layers as sl
@@ -27,7 +34,7 @@ from ..modules.orthogonal_residual import OrthogonalResidual
 from ..modules.rezero import ReZeroGate
 from ..validation import PluginOptionError, check_bool, check_choice, check_float
 from .choice import KEEPS_PACE, Option, Speed, set_defaults_since
-from .residual import RECORDS_SITES, Residual, refuse_pruning
+from .residual import CARRY_OWNS, RECORDS_SITES, Residual, refuse_pruning
 
 
 def stack_layers(model) -> list[list]:
@@ -38,7 +45,6 @@ def stack_layers(model) -> list[list]:
 
 class _SiteUpdate(Residual):
     owns = frozenset({"layer"})  # SiteResidual layers (residual_wiring.py): each choice declares scripts = RECORDS_SITES
-    sublayer_norms = True
 
     @classmethod
     def update(cls, embed_dim: int, depth: int, args):
@@ -48,6 +54,13 @@ class _SiteUpdate(Residual):
     def per_layer(cls, args) -> bool:
         """Whether one update module serves every site of a layer (else one per site)."""
         return False
+
+    @classmethod
+    def branch_change(cls, args) -> sl.BranchChange | None:
+        """The same update modules (``update``) on a stream carry's layers, their ``branch`` alone."""
+        if cls.stream_site is not None:
+            return None
+        return sl.BranchChange(partial(cls.update, args=args), cls.per_layer(args), cls.sublayer_norms)
 
     @classmethod
     def encoder_layer(cls, cfg, args):
@@ -66,6 +79,7 @@ class _SiteUpdate(Residual):
 
 class LayerScaleChoice(_SiteUpdate):
     name, source = "layerscale", "LayerScale (CaiT, Touvron et al. 2021, arXiv:2103.17239, section 2)"
+    stream_site = None  # b -> diag(lambda) b
     paper, code, preset = "https://arxiv.org/abs/2103.17239", "https://github.com/facebookresearch/deit", "layerscale"
     prunes = activation_checkpointing = double_backward = None
     scripts = RECORDS_SITES
@@ -90,6 +104,7 @@ REZERO_BEFORE = {"rezero_gate": "sublayer", "rezero_final_norm": True}
 class ReZero(_SiteUpdate):
     name, source = "rezero", "ReZero (Bachlechner et al. 2020, arXiv:2003.04887, eq. 1, section 5; majumderb/rezero)"
     sublayer_norms = False
+    stream_site = None  # b -> alpha b, the sublayers without norms
     paper, code, preset = "https://arxiv.org/abs/2003.04887", "https://github.com/majumderb/rezero", "rezero"
     prunes = activation_checkpointing = double_backward = None
     scripts = RECORDS_SITES
@@ -140,6 +155,8 @@ class ReZero(_SiteUpdate):
 
 class Orthogonal(_SiteUpdate):
     name, source = "orthogonal", "orthogonal residual update (Oh et al., NeurIPS 2025, arXiv:2505.11881)"
+    stream_site = ("the orthogonal update removes F's component along the stream it joins, reading x at each sum, "
+                   f"x <- x + F - <x,F>/|x|^2 x, {CARRY_OWNS}")  # fmt: skip
     paper, code, preset = "https://arxiv.org/abs/2505.11881", "https://github.com/BootsofLagrangian/ortho-residual", "ortho"
     prunes = activation_checkpointing = double_backward = None
     scripts = RECORDS_SITES
@@ -153,6 +170,7 @@ class Orthogonal(_SiteUpdate):
 
 class Peri(_SiteUpdate):
     name, source = "peri", "Peri-LN (arXiv:2502.02732, eq. 3) = Sandwich-LN (CogView, arXiv:2105.13290)"
+    stream_site = None  # b -> LN_out(b)
     paper, code, preset = "https://arxiv.org/abs/2502.02732", "", "periln"
     prunes = activation_checkpointing = double_backward = None
     scripts = RECORDS_SITES
@@ -166,6 +184,7 @@ class Peri(_SiteUpdate):
 class Mix(Residual):
     name, source = "mix", "Mix-LN (Li et al. 2024, arXiv:2412.13795; alpha 0.25 as the authors' scripts)"
     owns = frozenset({"layer"})
+    stream_site = f"Mix-LN's first layers normalise the stream after each sublayer's sum, x <- LN(x + F(x)), {CARRY_OWNS}"
     paper, code, preset = "https://arxiv.org/abs/2412.13795", "https://github.com/pixeli99/MixLN", "mixln"
     # which layers are Post-LN follows from the stack's depth: a pruned stack would re-partition them
     prunes = ("Mix-LN's Post-LN layers are the first floor(alpha L) of the stack, so the kept layers would be "
@@ -194,6 +213,8 @@ class Mix(Residual):
 class Hybrid(Residual):
     name, source = "hybrid", "HybridNorm (Zhuo et al. 2025, arXiv:2503.04598)"
     owns = frozenset({"layer"})
+    stream_site = ("HybridNorm's FFN sum replaces the stream by its norm, x <- N(x) + FFN(N(x)), "
+                   f"{CARRY_OWNS}")  # fmt: skip
     paper, code, preset = "https://arxiv.org/abs/2503.04598", "https://github.com/BryceZhuo/HybridNorm", "hybridnorm"
     # at its default --hybrid-first-layer hybrid; HybridNorm* (pre) refuses pruning in check(), its first layer
     # being built differently from the others
@@ -237,9 +258,13 @@ class Hybrid(Residual):
         return sl.HybridDecoderLayer(cfg, no_encoder_attn)
 
 
+SPHERE = "nGPT keeps the hidden state on the unit sphere between layers, and a mix of layer outputs would leave it"
+
+
 class NGPT(_SiteUpdate):
     name, source = "ngpt", "nGPT (Loshchilov et al., ICLR 2025, arXiv:2410.01131; NVIDIA/ngpt model.py)"
     sublayer_norms = False  # every norm is the L2 projection onto the sphere (M:81-83: no LayerNorms)
+    stream_site = SPHERE  # conflict() names it for every choice that owns the stream
     paper, code, preset = "https://arxiv.org/abs/2410.01131", "https://github.com/NVIDIA/ngpt", "ngpt"
     prunes = activation_checkpointing = double_backward = None
     scripts = RECORDS_SITES
@@ -295,8 +320,7 @@ class NGPT(_SiteUpdate):
     @classmethod
     def conflict(cls, other) -> str | None:
         if "stream" in other.owns:
-            return ("nGPT keeps the hidden state on the unit sphere between layers, and a mix of layer outputs "
-                    "would leave it")  # fmt: skip
+            return SPHERE
         if other.axis == "norm" and other.name != "layernorm":
             return "nGPT has no normalisation layer: every norm is the L2 projection onto the sphere"
         if other.axis == "tying" and "key-query" in other.blocks:

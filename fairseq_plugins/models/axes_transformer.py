@@ -13,7 +13,8 @@ plugin is a row of the preset table (presets.py) that sets axis choices for this
        run together, with one error naming both and the reason;
     2. fairseq's ``TransformerModel.build_model``: embeddings, then ``build_encoder``/``build_decoder``: the
        residual choice's own stream (ResiDual) or the aggregation choice's encoder/decoder, whose layers the
-       residual choice builds (``make_layer``) unless the aggregation builds its own (DCA, hyper-connections);
+       residual choice builds (``make_layer``) unless the aggregation builds its own (DCA, hyper-connections),
+       whose branches the residual choice's ``branch_change`` then changes (LayerScale, ReZero, ...);
     3. the norm choice replaces the LayerNorms; the residual choice re-initialises (DeepNet, T-Fixup, B2T,
        Admin); the tying choice ties adjacent layers.
 
@@ -148,6 +149,12 @@ def axes_architecture(args) -> None:
     base_architecture(args)
 
 
+def branch_change(plan, args):
+    """The residual choice's change of each branch of the aggregation's own layers (axes/residual.py's
+    ``branch_change``), for an aggregation that builds them; None otherwise (the residual choice's layers)."""
+    return plan.residual.branch_change(args) if plan.aggregation.own_layers else None
+
+
 COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
 
 
@@ -181,6 +188,7 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         for choice in plan.choices():
             choice.check(args)
         axes.check_unused_options(args, plan)
+        branch_change(plan, args)  # refuses, naming it, an option of the residual choice the carry cannot run
         value_residual.check(args, plan)
         args.guidance = check_soft_guidance("guidance", args.guidance)
         if args.guidance != "none" and args.guidance == plan.tying.name:
@@ -231,7 +239,8 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         own = plan.residual.build_stack("encoder", cfg, src_dict, embed_tokens, args)
         if own is not None:
             return own
-        return plan.aggregation.encoder(cfg, src_dict, embed_tokens, args, lambda c: plan.residual.encoder_layer(c, args))
+        return plan.aggregation.encoder(cfg, src_dict, embed_tokens, args, lambda c: plan.residual.encoder_layer(c, args),
+                                        branch_change(plan, args))  # fmt: skip
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -241,7 +250,8 @@ class AxesTransformerModel(AutocastModel, TransformerModel):
         if own is not None:
             return own
         make_layer = lambda c, no_encoder_attn: plan.residual.decoder_layer(c, args, no_encoder_attn)
-        return plan.aggregation.decoder(cfg, tgt_dict, embed_tokens, args, make_layer, no_attn)
+        return plan.aggregation.decoder(cfg, tgt_dict, embed_tokens, args, make_layer, no_attn,
+                                        branch_change(plan, args))  # fmt: skip
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)

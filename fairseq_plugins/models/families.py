@@ -155,8 +155,8 @@ for _prefix, (_model, _settings) in ROWS.items():
 
 # combinations worth naming (issue 26 item 4): the project's three ideas in one model, ResiDual-free wiring with
 # k-DCA's depth aggregation, and the combination study's rows (docs/study/combinations_e12d12): table 2's best
-# wiring (T-Fixup) with the best aggregation it composes with (DenseFormer; Hyper-Connections owns the layer
-# forward, so T-Fixup refuses it) and with key-query tying, and the best aggregation with key-query tying
+# wiring (T-Fixup) with the best aggregation it composed with when the study ran (DenseFormer; T-Fixup + Hyper-
+# Connections builds since issue 54 item 3) and with key-query tying, and the best aggregation with key-query tying
 COMBINATIONS: dict[str, dict[str, str]] = {
     "preln_kq_dca": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca"},
     "preln_kq_dca_k2": {"residual": "pre", "tying": "key-query", "depth_aggregation": "dca-k", "dca_k": 2},

@@ -7,7 +7,10 @@ The layers are fairseq's Pre-LN layers (their modules and parameter names are th
 written once, for encoder and decoder alike, as branches h -> dropout(F(LN(h))): self-attention, cross-attention,
 FFN. Each is joined to the carry's state by its site's connection, ``state = hc[j](state, branch)``, built by the
 carry's site factory; the stacks run layer_stack.py's loop with the carry's hooks (modules/carry.py).
-An idea is its connection module and its carry, nothing here.
+An idea is its connection module and its carry, nothing here. A residual choice whose update is a function of
+the branch alone (LayerScale, ReZero, Peri-LN, T-Fixup) changes every branch of these layers (the stacks'
+``change``, site_layers.py's ``BranchChange``, which states the composed maths); without one the layers are the
+carry's alone.
 
 ``hc`` names the sites' ModuleList for every carry (``layers.N.hc.J.*``): the name hyper-connections' checkpoints
 gave it first, which mHC's, frac-connections' and AttnRes' checkpoints kept.
@@ -29,19 +32,24 @@ from .layer_stack import (
     add_format_version,
     wrap_layer,
 )
+from .residual_wiring import DECODER_SITES, ENCODER_SITES
+from .site_layers import BranchChange, ChangedBranches
 
 MakeSite = Callable[[int, int], nn.Module]  # (embed_dim, site index in the stack) -> connection
 
 
-class _Sublayers:
+class _Sublayers(ChangedBranches):
     """fairseq 0.12.3's Pre-LN sublayers (TransformerEncoderLayerBase/TransformerDecoderLayerBase.forward, Pre-LN
     branch; no hook gives a sublayer its own input), each as a branch h -> dropout(F(LN(h))) that a site wraps
-    instead of x + T(x)."""
+    instead of x + T(x), changed by the residual choice's ``change`` if any (``changed``)."""
 
     hc: nn.ModuleList
 
-    def _connect(self, make_site: MakeSite, first_site: int, sites: int) -> None:
-        self.hc = nn.ModuleList(make_site(self.embed_dim, first_site + j) for j in range(sites))
+    def _connect(self, make_site: MakeSite, first_site: int, names: tuple[str, ...], change: BranchChange | None,
+                 depth: int) -> None:  # fmt: skip
+        self.hc = nn.ModuleList(make_site(self.embed_dim, first_site + j) for j in range(len(names)))
+        if change is not None:
+            change.attach(self, names, self.embed_dim, depth)
 
     def _self_attention(self, h: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None,
                         incremental_state=None) -> Tensor:  # fmt: skip
@@ -61,9 +69,9 @@ class CarryEncoderLayer(_Sublayers, TransformerEncoderLayerBase):
 
     SITES = 2
 
-    def __init__(self, cfg, make_site: MakeSite, first_site: int):
+    def __init__(self, cfg, make_site: MakeSite, first_site: int, change: BranchChange | None = None):
         super().__init__(cfg)
-        self._connect(make_site, first_site, self.SITES)
+        self._connect(make_site, first_site, ENCODER_SITES, change, cfg.encoder.layers)
 
     def forward(self, state, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         def self_attention(h):
@@ -72,8 +80,8 @@ class CarryEncoderLayer(_Sublayers, TransformerEncoderLayerBase):
                 mask = mask.masked_fill(mask.to(torch.bool), -1e8 if h.dtype == torch.float32 else -1e4)
             return self._self_attention(h, encoder_padding_mask, mask)
 
-        state = self.hc[0](state, self_attention)
-        return self.hc[1](state, self._ffn)
+        state = self.hc[0](state, self.changed("self_attn", self_attention))
+        return self.hc[1](state, self.changed("ffn", self._ffn))
 
 
 class CarryDecoderLayer(_Sublayers, TransformerDecoderLayerBase):
@@ -82,9 +90,11 @@ class CarryDecoderLayer(_Sublayers, TransformerDecoderLayerBase):
     Without cross-self-attention (refused by axes/aggregation.py) and the NormFormer scalings (not options of the
     translation transformer)."""
 
-    def __init__(self, cfg, make_site: MakeSite, first_site: int, no_encoder_attn: bool = False):
+    def __init__(self, cfg, make_site: MakeSite, first_site: int, no_encoder_attn: bool = False,
+                 change: BranchChange | None = None):  # fmt: skip
         super().__init__(cfg, no_encoder_attn)
-        self._connect(make_site, first_site, 2 if self.encoder_attn is None else 3)
+        names = ("self_attn", "ffn") if self.encoder_attn is None else DECODER_SITES
+        self._connect(make_site, first_site, names, change, cfg.decoder.layers)
 
     def forward(
         self,
@@ -109,11 +119,11 @@ class CarryDecoderLayer(_Sublayers, TransformerDecoderLayerBase):
             )  # fmt: skip
             return self.dropout_module(h)
 
-        state = self.hc[0](state, lambda h: self._self_attention(h, self_attn_padding_mask, self_attn_mask,
-                                                                 incremental_state))  # fmt: skip
+        state = self.hc[0](state, self.changed("self_attn", lambda h: self._self_attention(
+            h, self_attn_padding_mask, self_attn_mask, incremental_state)))  # fmt: skip
         if self.encoder_attn is not None and encoder_out is not None:
-            state = self.hc[1](state, cross_attention)
-        return self.hc[-1](state, self._ffn), attn[0], None
+            state = self.hc[1](state, self.changed("encoder_attn", cross_attention))
+        return self.hc[-1](state, self.changed("ffn", self._ffn)), attn[0], None
 
 
 def _built(stack: nn.Module) -> int:
@@ -137,10 +147,12 @@ def _attach(stack: nn.Module, carry: Carry, embed_dim: int) -> None:
 class CarryEncoder(LayerStackEncoder):
     """fairseq's encoder threading ``carry``'s state through its layers (layer_stack.py's loop): the residual
     axis's layers when built by ``build_with_layers`` (a between-layer idea), else the carry's own layers
-    (``encoder_layer``), else CarryEncoderLayers on the carry's sites."""
+    (``encoder_layer``), else CarryEncoderLayers on the carry's sites, their branches changed by ``change``
+    (a residual choice's, site_layers.BranchChange) if given."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry):
-        self.carry, self.sites = carry, 0  # read by build_encoder_layer, which fairseq's __init__ calls
+    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry, change: BranchChange | None = None):
+        # read by build_encoder_layer, which fairseq's __init__ calls
+        self.carry, self.sites, self.change = carry, 0, change
         super().__init__(cfg, dictionary, embed_tokens)
         _attach(self, carry, cfg.encoder.embed_dim)
 
@@ -149,8 +161,10 @@ class CarryEncoder(LayerStackEncoder):
             return super().build_encoder_layer(cfg)
         layer = self.carry.encoder_layer(cfg, _built(self))
         if layer is None:
-            layer = CarryEncoderLayer(cfg, self.carry.site, self.sites)
+            layer = CarryEncoderLayer(cfg, self.carry.site, self.sites, self.change)
             self.sites += len(layer.hc)
+        elif self.change is not None:  # the carry's own layers (DCA, MUDD) apply it themselves (ChangedBranches)
+            self.change.attach(layer, ENCODER_SITES, cfg.encoder.embed_dim, cfg.encoder.layers)
         return wrap_layer(layer, cfg)
 
     def begin_layers(self, x):
@@ -168,8 +182,9 @@ class CarryDecoder(LayerStackDecoder):
     """fairseq's decoder threading ``carry``'s state through its layers (layer_stack.py's loop), as
     CarryEncoder."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry, no_encoder_attn=False):
-        self.carry, self.sites = carry, 0
+    def __init__(self, cfg, dictionary, embed_tokens, carry: Carry, change: BranchChange | None = None,
+                 no_encoder_attn=False):  # fmt: skip
+        self.carry, self.sites, self.change = carry, 0, change
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _attach(self, carry, cfg.decoder.embed_dim)
 
@@ -178,8 +193,11 @@ class CarryDecoder(LayerStackDecoder):
             return super().build_decoder_layer(cfg, no_encoder_attn)
         layer = self.carry.decoder_layer(cfg, _built(self), no_encoder_attn)
         if layer is None:
-            layer = CarryDecoderLayer(cfg, self.carry.site, self.sites, no_encoder_attn)
+            layer = CarryDecoderLayer(cfg, self.carry.site, self.sites, no_encoder_attn, self.change)
             self.sites += len(layer.hc)
+        elif self.change is not None:
+            names = ("self_attn", "ffn") if layer.encoder_attn is None else DECODER_SITES
+            self.change.attach(layer, names, cfg.decoder.embed_dim, cfg.decoder.layers)
         return wrap_layer(layer, cfg)
 
     def begin_layers(self, x):

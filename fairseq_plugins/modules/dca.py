@@ -55,13 +55,16 @@ from .carry import Carry
 from .depth_stack import DepthStack, build_grn, effective_k, stack_entries
 from .grn import GRN
 from .layer_stack import FORMAT_VERSION
+from .site_layers import ChangedBranches
 
 DCA_FORMAT_VERSION = FORMAT_VERSION  # of the GRN parameters (``dca_version``), for upgrade_state_dict_named
 
 
-class _ReadsStack:
+class _ReadsStack(ChangedBranches):
     """A layer that owns its GRN(s) and reads the stack: the GRN runs inside the layer's forward, so
-    activation checkpointing and FSDP wrapping (wrap_layer) cover it like every other layer weight."""
+    activation checkpointing and FSDP wrapping (wrap_layer) cover it like every other layer weight. A residual
+    choice's change of each branch (``branch_output``, site_layers.BranchChange, which states the maths) applies
+    to a, c and m where they are added; without one they are the paper's."""
 
     grn: GRN
 
@@ -110,10 +113,10 @@ class DCAEncoderLayer(_ReadsStack, TransformerEncoderLayerBase):
             query=query, key=key, value=value, key_padding_mask=encoder_padding_mask, need_weights=False,
             attn_mask=attn_mask,
         )  # fmt: skip
-        a = self.dropout_module(a)
+        a = self.branch_output("self_attn", self.dropout_module(a))
         x = self.residual_connection(a, q_in)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
-        return torch.add(a, self.dropout_module(self.fc2(x)), out=out)
+        return torch.add(a, self.branch_output("ffn", self.dropout_module(self.fc2(x))), out=out)
 
 
 class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
@@ -154,7 +157,7 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
             query=query, key=key, value=value, key_padding_mask=self_attn_padding_mask,
             incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask,
         )  # fmt: skip
-        a = self.dropout_module(a)
+        a = self.branch_output("self_attn", self.dropout_module(a))
         x = self.residual_connection(a, q_in)
         branches, attn = a, None
         if self.encoder_attn is not None and encoder_out is not None:
@@ -164,11 +167,11 @@ class DCADecoderLayer(_ReadsStack, TransformerDecoderLayerBase):
                 need_weights=need_attn or (not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
             )  # fmt: skip
-            c = self.dropout_module(c)
+            c = self.branch_output("encoder_attn", self.dropout_module(c))
             x = self.residual_connection(c, x)
             branches = branches + c
         x = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
-        return torch.add(branches, self.dropout_module(self.fc2(x)), out=out), attn, None
+        return torch.add(branches, self.branch_output("ffn", self.dropout_module(self.fc2(x))), out=out), attn, None
 
 
 class DCACarry(Carry):

@@ -26,7 +26,8 @@ nothing needs float32. eps = 1e-6 is a float16 subnormal (relative error ~5%), s
 float32 master weights fairseq keeps, so the training value is unaffected.
 
 Interface: ``LayerScale(embed_dim, init)``; ``forward(x, residual) = residual + lambda * x`` with fairseq's
-``residual_connection(x, residual)`` argument order (x the dropped-out branch output).
+``residual_connection(x, residual)`` argument order (x the dropped-out branch output); ``branch(x) = lambda * x``,
+the changed branch alone, for a stream carry's site to join (modules/site_layers.py's ``BranchChange``).
 """
 
 import torch
@@ -56,3 +57,7 @@ class LayerScale(nn.Module):
     def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + lambda * x, both `(seq_len, batch, embed_dim)` (or any shape ending in embed_dim)."""
         return torch.addcmul(residual, self.scale.to(x.dtype), x)
+
+    def branch(self, x: Tensor) -> Tensor:
+        """lambda * x: the scaled branch, joined to the stream by a stream carry's site."""
+        return self.scale.to(x.dtype) * x

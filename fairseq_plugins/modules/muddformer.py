@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from ..kernels.grn_ops import once_differentiable
 from .attn_res import autocast_off, call
 from .carry import Carry
+from .site_layers import ChangedBranches
 from .skinny import skinny_matmul
 
 RMS_EPS = 1e-6
@@ -255,7 +256,10 @@ class MultiwayDenseConnections(nn.Module):
 # position's K/V as for self-attention (static_kv off), so incremental decoding equals full decoding.
 
 
-class _MUDDLayer:
+class _MUDDLayer(ChangedBranches):
+    """A residual choice's change of each branch (``branch_output``, site_layers.BranchChange, which states the
+    maths) applies to the attention, cross-attention and FFN outputs where they are added."""
+
     def _add_way_norms(self, embed_dim: int, export: bool) -> None:
         self.key_layer_norm = LayerNorm(embed_dim, export=export)
         self.value_layer_norm = LayerNorm(embed_dim, export=export)
@@ -263,7 +267,7 @@ class _MUDDLayer:
 
     def _ffn(self, x):
         h = self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x))))
-        return x + self.dropout_module(self.fc2(h))
+        return x + self.branch_output("ffn", self.dropout_module(self.fc2(h)))
 
 
 class MUDDEncoderLayer(_MUDDLayer, TransformerEncoderLayerBase):
@@ -276,7 +280,7 @@ class MUDDEncoderLayer(_MUDDLayer, TransformerEncoderLayerBase):
         h, _ = self.self_attn(query=self.self_attn_layer_norm(q), key=self.key_layer_norm(k),
                               value=self.value_layer_norm(v), key_padding_mask=encoder_padding_mask,
                               need_weights=False, attn_mask=attn_mask)  # fmt: skip
-        return self._ffn(r + self.dropout_module(h))
+        return self._ffn(r + self.branch_output("self_attn", self.dropout_module(h)))
 
 
 class MUDDDecoderLayer(_MUDDLayer, TransformerDecoderLayerBase):
@@ -291,7 +295,7 @@ class MUDDDecoderLayer(_MUDDLayer, TransformerDecoderLayerBase):
                               value=self.value_layer_norm(v), key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False,
                               attn_mask=self_attn_mask)  # fmt: skip
-        x = r + self.dropout_module(h)
+        x = r + self.branch_output("self_attn", self.dropout_module(h))
         attn = None
         if self.encoder_attn is not None and encoder_out is not None:
             need_attn = need_attn or need_head_weights
@@ -300,7 +304,7 @@ class MUDDDecoderLayer(_MUDDLayer, TransformerDecoderLayerBase):
                 key_padding_mask=encoder_padding_mask, incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
             )  # fmt: skip
-            x = x + self.dropout_module(h)
+            x = x + self.branch_output("encoder_attn", self.dropout_module(h))
         return self._ffn(x), attn, None
 
 

@@ -109,6 +109,23 @@ class NormFormerEncoderLayer(SiteEncoderLayer):
         return residual + x
 
 
+def carry_layer_(layer: nn.Module, flags: dict, export: bool = False) -> None:
+    """NormFormer inside the sublayers of a stream carry's layer (modules/carry_stack.py's, DCA's, MUDD's; the
+    residual choice's ``BranchChange``, modules/site_layers.py, states the composed maths): the paper's form in
+    encoder and decoder alike, as ``NormFormerEncoderLayer``: head scale g before W_O and LN_a after it (one
+    ``HeadScaledLinear``), LN_f in front of fc2. The modules fairseq's decoder layer built from the flags
+    (attn_ln, c_attn, ffn_layernorm), which only its own forward reads, are dropped for these. lambda
+    (``scale_resids``) scales the stream, which a carry replaces: refused before (axes/residual.py)."""
+    for name in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
+        if getattr(layer, name, None) is not None:
+            setattr(layer, name, None)
+    attn_ln = LayerNorm(layer.embed_dim, export=export) if flags["scale_attn"] else None
+    if flags["scale_heads"] or attn_ln is not None:
+        replace_out_proj_(layer.self_attn, flags["scale_heads"], attn_ln)
+    if flags["scale_fc"]:
+        layer.fc2 = PreNormLinear(layer.fc2, LayerNorm(layer.fc2.in_features, export=export))
+
+
 class NormFormerDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's Pre-LN decoder layer with its own NormFormer flags; with ``heads_before_out_proj`` the
     head scale is the paper's (before W_O) instead of fairseq's (after W_O).

@@ -29,7 +29,8 @@ beam search.
 Half precision: one multiply by a scalar, nothing to keep in float32.
 
 Interface: ``ReZeroGate()``; ``forward(x, residual) = residual + alpha * x`` (fairseq's
-``residual_connection`` argument order); one module serves every site of a layer when shared.
+``residual_connection`` argument order); one module serves every site of a layer when shared; ``branch(x) =
+alpha * x``, the gated branch alone, for a stream carry's site to join (modules/site_layers.py's ``BranchChange``).
 """
 
 import torch
@@ -46,3 +47,7 @@ class ReZeroGate(nn.Module):
     def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + alpha * x."""
         return residual + self.alpha.to(x.dtype) * x
+
+    def branch(self, x: Tensor) -> Tensor:
+        """alpha * x: the gated branch, joined to the stream by a stream carry's site."""
+        return self.alpha.to(x.dtype) * x

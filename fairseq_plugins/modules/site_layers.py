@@ -17,6 +17,7 @@ every attention (modules/hybrid_norm.py) and take the FFN's residual from its no
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -43,6 +44,10 @@ class PeriOutput(nn.Module):
     def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         return residual + self.layer_norm(x)
 
+    def branch(self, x: Tensor) -> Tensor:
+        """N_out(x): the normalised branch, joined to the stream by a stream carry's site."""
+        return self.layer_norm(x)
+
 
 class Contiguous(nn.Module):
     """A dropped norm: the identity, but contiguous as LayerNorm's output is. fairseq's (time, batch, C) stream is
@@ -65,6 +70,88 @@ LAYER_SITE = "layer"  # the key of a module shared by every site of a layer (``p
 def site_updates(sites, make_update: Callable[[str], nn.Module], per_layer: bool) -> nn.ModuleDict:
     """site -> its module, or {"layer": one module} that every site uses (``per_layer``)."""
     return nn.ModuleDict({LAYER_SITE: make_update(LAYER_SITE)} if per_layer else {s: make_update(s) for s in sites})
+
+
+@dataclass(frozen=True)
+class BranchChange:
+    """A residual choice's change of every sublayer branch, composed with a stream carry's sites.
+
+    A stream carry (modules/carry.py: hyper-connections static and dynamic, mHC, mHC-lite, frac-connections,
+    Full and Block AttnRes) joins each sublayer to its state as ``state <- site(state, b)``, b the Pre-LN branch
+    h -> dropout(F(LN(h))) of modules/carry_stack.py's layers (h: what the site feeds the sublayer, e.g. HC's
+    A_m^T H). A residual choice whose update is a function of the branch alone changes b and nothing else,
+    so the composed update is the carry's with b replaced:
+
+        state <- site(state, h -> g(dropout(F(N(h)))))
+
+    DCA's and MUDD's layers (modules/dca.py, muddformer.py) add their branches themselves: each branch output y
+    becomes g(y) where the layer uses it (DCA: h = q_in + g(a), f_t = g(a) (+ g(c)) + g(m); MUDD: X'_A = R + g(a),
+    X' = X'_A + g(m)); their attention reads norms of their own (LN of the GRN mixtures, MUDD's LN_Q/K/V), so
+    they take only the choices that keep the sublayer norms (N = LN: LayerScale, Peri-LN, NormFormer).
+
+        layerscale   g(y) = diag(lambda) y, N = LN      lambda_0 = CaiT's eps(depth) (--layerscale-init)
+        rezero       g(y) = alpha y,        N = id      alpha_0 = 0; one alpha per layer (--rezero-gate layer) or
+                                                        per sublayer; the stack's final norm per --rezero-final-norm
+        peri         g(y) = LN_out(y),      N = LN      LN_out a norm of its own per site (gain 1, bias 0 at init)
+        tfixup       g(y) = y,              N = id      F's v, out_proj, fc1, fc2 initialised as T-Fixup's (the
+                                                        stack depth's scale), the embeddings scaled, no final norm
+        normformer   g(y) = y,              N = LN      F changed inside: self-attention's heads scaled by gamma
+                                                        before W_O and LN_a after it, LN_f before fc2, cross-
+                                                        attention as Pre-LN (normformer.py's ``carry_layer_``, the
+                                                        paper's form on both sides); lambda on the stream
+                                                        (--scale-resids) and --normformer-impl fairseq are refused
+
+    e.g. with static hyper-connections (n streams H_j): H_k <- sum_j A_r[j, k] H_j + B_k g(dropout(F(N(h)))),
+    h = sum_j A_m[j] H_j (tests/test_axes_compose.py writes each out in float64). No paper
+    describes these compositions: the carries' papers use Pre-LN sublayers (g = id, N = LN), and the residual
+    choices' papers a single stream, where the site is x <- x + b. So at initialisation ReZero's alpha = 0 makes
+    every site add nothing: HC's and frac-connections' sites start as their stream mixing alone (the identity
+    at HC's A_r = I), AttnRes reads a softmax over the embedding and zero outputs; T-Fixup's scales are derived
+    for a single residual sum, which the n streams or the softmax over depth replace.
+
+    Built on a layer by ``attach``: ``site_update``, the site -> module table of the residual choice's own
+    layers (the same names, ``layers.N.site_update.SITE.*``; ``layer`` for one module per layer), each with
+    ``branch(y) = g(y)``; ``make_update`` None: g = id, no module; ``inside``: F's own change, module replacements
+    on the layer. A layer with no change has none of them, so its state dict and its computation are those of the
+    carry alone.
+
+    Args:
+        make_update: (embed_dim, stack depth) -> a module whose ``branch(y)`` is g(y); None for g = id.
+        per_layer: one module shared by all the layer's sites (ReZero's gate per layer).
+        sublayer_norms: False: the sublayers' input norms are dropped (N = id), as ``drop_sublayer_norms_``.
+        inside: changes F inside the layer's sublayers (NormFormer's), called with the layer; None: none.
+    """
+
+    make_update: Callable[[int, int], nn.Module] | None = None
+    per_layer: bool = False
+    sublayer_norms: bool = True
+    inside: Callable[[nn.Module], None] | None = None
+
+    def attach(self, layer: nn.Module, sites: tuple[str, ...], embed_dim: int, depth: int) -> None:
+        if self.make_update is not None:
+            layer.site_update = site_updates(sites, lambda site: self.make_update(embed_dim, depth), self.per_layer)
+            layer.per_layer_update, layer.changes_branches = self.per_layer, True
+        if not self.sublayer_norms:
+            drop_sublayer_norms_(layer)
+        if self.inside is not None:
+            self.inside(layer)
+
+
+class ChangedBranches:
+    """Mixin of a stream carry's layer: its ``BranchChange`` applied to a branch's output y (``branch_output``,
+    for layers that add it themselves: DCA's, MUDD's) or to the branch callable a site runs (``changed``)."""
+
+    changes_branches = False  # set by BranchChange.attach when the layer has a site_update table
+
+    def branch_output(self, site: str, y: Tensor) -> Tensor:
+        if not self.changes_branches:
+            return y
+        return self.site_update[LAYER_SITE if self.per_layer_update else site].branch(y)
+
+    def changed(self, site: str, branch: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        if not self.changes_branches:
+            return branch  # the carry alone: the same callable, the same computation
+        return lambda h: self.branch_output(site, branch(h))
 
 
 class SiteUpdateEncoderLayer(SiteEncoderLayer):
