@@ -8,17 +8,25 @@ so the command imports the plugin (through --user-dir, or its own import) and ru
 interpreter would, with its own working directory, environment, stdin, stdout, stderr and exit status (a signal's is
 negative). A command this cannot run faithfully (not ``sys.executable -m`` or ``-c``, or an environment variable the
 interpreter or torch reads at start-up) runs in a new interpreter through helpers.run. A test about the process
-itself (a new interpreter without the plugin, a resource limit) calls helpers.run directly."""
+itself (a new interpreter without the plugin, a resource limit) calls helpers.run directly.
+
+forked_python_modules() (the fixture python_modules_forked) does the same for the processes the code under test
+starts: the study tool's runs, the recipes' steps, submitit's jobs (see SHIM below)."""
 
 import atexit
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+
+import pytest
 
 from .helpers import REPO, run
 
@@ -217,3 +225,370 @@ def run_forked(cmd: Sequence, cwd=None, env=None, timeout: int = 600, input_text
     if check:
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same for the processes a test does not start itself: the study tool's fairseq-train, evaluation and
+# validation, the recipes' ``python -m scripts...`` steps, submitit's jobs. Inside forked_python_modules() every new
+# interpreter finds SHIM as its sitecustomize (a directory first on PYTHONPATH); started as ``python [-u] -m
+# MODULE`` with MODULE in SHIM_MODULES, or as a fairseq console script of this interpreter (fairseq-train), it does not import the
+# module but hands its standard streams, working directory, environment, sys.path, ignored signals and warning
+# options to a server of the same start-up environment (one per set of STARTUP_VARIABLES, started on first use) and
+# stays the real process: the command each run records and /proc shows is the real one, its exit status (a
+# signal's too) is the forked command's, a signal sent to it reaches the command, and if it is killed the command is
+# killed. Anything else, or a server that cannot take it, runs as it would without the shim. What differs: the
+# command's own pid (the shim's is the one its parent knows) and its parent; a test about the process itself (a
+# pid it names, a new interpreter's imports) leaves its file without python_modules_forked. The servers' children
+# are waited for, so their CPU time counts in the test process's (/usr/bin/time).
+
+SHIM_VARIABLE = "FAIRSEQ_PLUGINS_TEST_FORK_SOCKET"
+SHIM_MODULES = ("fairseq_cli.", "scripts.", "submitit.core._submit")  # the last: a submitit job (RunJob)
+
+SHIM = f'''
+import os, sys
+
+
+def _forward():
+    path = os.environ.get("{SHIM_VARIABLE}")
+    argv = sys.orig_argv
+    unbuffered = argv[1:2] == ["-u"]
+    i = 2 if unbuffered else 1
+    if not path or len(argv) < i + 2:
+        return
+    if argv[i] == "-m" and argv[i + 1].startswith({SHIM_MODULES!r}):
+        target, args = ["-m", argv[i + 1]], argv[i + 2 :]
+    elif os.path.dirname(argv[i]) == os.path.join(sys.prefix, "bin") and os.path.basename(argv[i]).startswith("fairseq-"):
+        target, args = ["script", argv[i]], argv[i + 1 :]  # a console script of fairseq's
+    else:
+        return
+    import json, signal, socket
+
+    ignored = [int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)
+               and signal.getsignal(s) == signal.SIG_IGN]
+    request = {{"target": target, "argv": args, "orig_argv": argv, "cwd": os.getcwd(),
+               "env": dict(os.environ), "path": list(sys.path), "warnoptions": list(sys.warnoptions),
+               "unbuffered": unbuffered or bool(os.environ.get("PYTHONUNBUFFERED")), "ignored": ignored}}
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+        if conn.recv(64) != b"run":
+            return
+    except OSError:
+        return
+    def forward(number, frame):
+        try:
+            conn.send(b"signal %d" % number)
+        except OSError:  # the command has just ended
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+        if s not in ignored:
+            signal.signal(s, forward)
+    message = b""
+    while not message.startswith(b"exit "):
+        message = conn.recv(64)
+        if not message:
+            os._exit(1)
+    code = int(message.split()[1])
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 255)
+
+
+_forward()
+del _forward
+'''
+
+# a server for the shim's commands: SERVER's imports, then one fork per request (the connection to the shim, its
+# three streams), which forks the command and relays signals and the exit status
+SOCKET_SERVER = r"""
+import builtins, importlib, io, json, logging, os, runpy, signal, socket, sys, threading, warnings
+
+initial_filters = list(warnings.filters)  # no PYTHONWARNINGS here: the interpreter's defaults
+basic_config, replay = logging.basicConfig, []
+logging.basicConfig = lambda *args, **kwargs: (replay.append((args, kwargs)), basic_config(*args, **kwargs))[1]
+import torch, torch._dynamo, sympy
+import fairseq, fairseq.checkpoint_utils, fairseq.criterions, fairseq.data, fairseq.distributed, fairseq.models
+import fairseq.optim, fairseq.options, fairseq.sequence_generator, fairseq.tasks, fairseq.trainer
+logging.basicConfig = basic_config
+logging.root.handlers.clear()
+logging.root.setLevel(logging.WARNING)
+added_filters = warnings.filters[: len(warnings.filters) - len(initial_filters)]  # what the imports added
+assert warnings.filters[len(added_filters) :] == initial_filters
+real_import = builtins.__import__
+control = socket.socket(fileno=int(sys.argv[1]))
+
+
+def first_fairseq_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and (name == "fairseq" or name.startswith("fairseq.")):
+        builtins.__import__ = real_import
+        for args, kwargs in replay:
+            logging.basicConfig(*args, **kwargs)
+    return real_import(name, globals, locals, fromlist, level)
+
+
+def stream(fd, write, unbuffered, old):
+    # as the interpreter makes its standard streams (Python/pylifecycle.c create_stdio)
+    raw = io.FileIO(fd, "w" if write else "r", closefd=False)
+    buffer = raw if write and unbuffered else (io.BufferedWriter if write else io.BufferedReader)(raw)
+    return io.TextIOWrapper(buffer, encoding=old.encoding, errors=old.errors, newline="\n",
+                            line_buffering=write and not unbuffered and (fd == 2 or raw.isatty()),
+                            write_through=write and unbuffered)
+
+
+def command(r):
+    os.chdir(r["cwd"])
+    os.environ.clear()
+    os.environ.update(r["env"])
+    option, target = r["target"]
+    # as python -m: the working directory first; as a script: its directory
+    sys.path[:] = [os.getcwd() if option == "-m" else os.path.dirname(target), *r["path"]]
+    sys.orig_argv, sys.warnoptions[:] = r["orig_argv"], r["warnoptions"]
+    importlib.invalidate_caches()  # a directory's listing is read anew, as by a new interpreter
+    for s in signal.valid_signals():
+        if s not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(s, signal.SIG_IGN if s in r["ignored"] else signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    for s in (signal.SIGPIPE, signal.SIGXFSZ):  # the interpreter ignores these
+        signal.signal(s, signal.SIG_IGN)
+    if signal.SIGINT not in r["ignored"]:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    warnings.filters[:] = initial_filters
+    warnings._processoptions(r["warnoptions"])
+    warnings.filters[:0] = added_filters
+    warnings.onceregistry.clear()
+    warnings._filters_mutated()
+    sys.stdin, sys.stdout, sys.stderr = (stream(fd, fd > 0, r["unbuffered"], old)
+                                         for fd, old in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)))
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    builtins.__import__ = first_fairseq_import
+    code, signalled = 0, 0
+    try:
+        sys.argv = [target, *r["argv"]]
+        if option == "-m":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:  # as the interpreter: the traceback, then it dies by SIGINT
+        sys.excepthook(*sys.exc_info())
+        code, signalled = 1, signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # as the interpreter at exit: its non-daemon threads, then atexit's functions
+    import atexit
+
+    atexit._run_exitfuncs()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    if signalled:
+        signal.signal(signalled, signal.SIG_DFL)
+        os.kill(os.getpid(), signalled)
+    return code
+
+
+def relay(conn, fds, r):
+    # the forked process between the shim and the command: the command's exit status to the shim, the shim's
+    # signals to the command, and the command killed if the shim goes
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            conn.close()
+            os.setpgid(0, 0)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            code = command(r)
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+
+    def wait():
+        _, status = os.waitpid(pid, 0)
+        try:
+            conn.send(b"exit %d" % os.waitstatus_to_exitcode(status))
+        except OSError:
+            pass
+        os._exit(0)
+
+    threading.Thread(target=wait, daemon=True).start()
+    conn.send(b"run")
+    while True:
+        try:
+            message = conn.recv(64)
+        except OSError:
+            message = b""
+        if not message:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            threading.Event().wait()  # until wait() ends this process
+        try:
+            os.kill(pid, int(message.split()[1]))
+        except (OSError, ValueError, IndexError):
+            pass
+
+
+
+
+def reap(*_):
+    # the relays, waited for (not ignored: a waited-for process's CPU time counts in its parent's, up to the test's)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+signal.signal(signal.SIGCHLD, reap)
+control.send(b"ready")
+while True:
+    message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+    if not message:
+        break
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            relay(socket.socket(fileno=fds[0]), fds[1:], json.loads(message))
+        finally:
+            os._exit(1)
+    for fd in fds:
+        os.close(fd)
+signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+try:
+    while True:
+        os.wait()
+except ChildProcessError:
+    pass
+"""
+
+# start-up variables a command and its server may differ in: the shim hands them over (sys.path, the standard
+# streams' buffering, the warning filters)
+_HANDED_OVER = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")
+
+
+class _ShimServer:
+    def __init__(self, env: dict, log: str):
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", SOCKET_SERVER, str(theirs.fileno())], cwd=REPO, env=env,
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        theirs.close()
+        self.control.settimeout(600)
+        try:
+            self.ready = self.control.recv(16) == b"ready"
+        except OSError:
+            self.ready = False
+        self.control.settimeout(None)
+        self.lock = threading.Lock()
+
+    def close(self):
+        self.control.close()  # the server's loop ends
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Dispatcher:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="fork-shim-")
+        with open(os.path.join(self.dir, "sitecustomize.py"), "w") as f:
+            f.write(SHIM)
+        self.path = os.path.join(self.dir, "socket")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.path)
+        self.listener.listen(64)
+        self.servers: dict[tuple, _ShimServer] = {}
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._dispatch, args=(conn,), daemon=True).start()
+
+    def _server(self, env: dict) -> _ShimServer | None:
+        key = tuple(sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_VARIABLES) and k not in _HANDED_OVER))
+        with self.lock:
+            if key not in self.servers:
+                server_env = {k: v for k, v in env.items() if k not in _HANDED_OVER and k != SHIM_VARIABLE}
+                self.servers[key] = _ShimServer(server_env, os.path.join(self.dir, "servers.log"))
+            server = self.servers[key]
+        return server if server.ready and server.proc.poll() is None else None
+
+    def _dispatch(self, conn):
+        fds: list[int] = []
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            server = self._server(json.loads(message)["env"]) if len(fds) == 3 else None
+            if server is None:
+                conn.send(b"local")
+                return
+            with server.lock:
+                socket.send_fds(server.control, [message], [conn.fileno(), *fds])
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+
+    def close(self):
+        self.listener.close()
+        for server in self.servers.values():
+            server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def forked_python_modules():
+    """While inside: every ``python [-u] -m fairseq_cli.X`` or ``-m scripts.X`` and every fairseq console script
+    (fairseq-train ...) started from this process, its children or theirs (the study tool's runs, a recipe's
+    steps), runs as a fork of a server that has imported
+    torch and fairseq, through SHIM (see above)."""
+    dispatcher = _Dispatcher()
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", SHIM_VARIABLE)}
+    os.environ["PYTHONPATH"] = os.pathsep.join([dispatcher.dir, *filter(None, [saved["PYTHONPATH"]])])
+    os.environ[SHIM_VARIABLE] = dispatcher.path
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        dispatcher.close()
+
+
+@pytest.fixture(scope="module")
+def python_modules_forked():
+    """forked_python_modules() around a test file: its tests' study and recipe processes start in milliseconds."""
+    with forked_python_modules():
+        yield

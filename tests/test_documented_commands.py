@@ -14,9 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO, run
 from .study_fixtures import slow
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 SKIPPED = ("bash recipes/main_job.sh", "bash scripts/run_tests.sh")  # long set-up commands, tested elsewhere
 BLOCK = r"^```{}\n(.*?)^```"

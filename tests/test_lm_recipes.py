@@ -21,7 +21,11 @@ from scripts.lm import lm_setups, train_lm
 from scripts.training.training_common import RecipeError
 
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO, run
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 GOLDEN = REPO / "tests" / "golden" / "lm_commands.txt"
 REGENERATE = "python -m scripts.lm.train_lm --write-golden tests/golden/lm_commands.txt"

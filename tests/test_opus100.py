@@ -14,9 +14,12 @@ from scripts.training import evaluate_recipe, multilingual
 from scripts.training.training_common import RecipeError
 
 from . import recipe_fixtures as fx
-from .forkserver import run_forked
+from .forkserver import python_modules_forked, run_forked  # noqa: F401  (a fixture)
 from .helpers import REPO
 from .test_recipes import TRAIN_EXTRA, assert_fails, recipe, slow
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 
 def manifest(langs=("de", "fr")) -> dict:

@@ -20,7 +20,11 @@ from scripts.data import data_common
 from scripts.training import evaluate_recipe
 
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO, TINY, run
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 slow = pytest.mark.skipif(os.environ.get("RECIPE_TESTS") == "fast", reason="slow recipe test (RECIPE_TESTS=fast)")
 # the fixtures' dev/test sets are smaller than fairseq's default batch multiple (8): keep every sentence

@@ -23,8 +23,12 @@ from scripts.study import (
 )
 
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO
 from .study_fixtures import MODEL_ARGS, recipe, recipes_side_by_side, slow
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 # ------------------------------------------------------------------------------------------- in-process
 

@@ -11,8 +11,12 @@ import pytest
 from scripts.study import study, study_common, study_lm, study_stats
 
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO
 from .study_fixtures import recipe, slow
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 LM_MODEL_ARGS = ("--decoder-embed-dim 16 --decoder-ffn-embed-dim 32 --decoder-attention-heads 2 --decoder-layers 3 "
                  "--tokens-per-sample 64 --max-tokens 256 --required-batch-size-multiple 1")  # fmt: skip

@@ -22,8 +22,12 @@ from submitit.core.utils import UncompletedJobError
 from scripts.study import study, study_common, study_run, study_submitit
 
 from . import recipe_fixtures as fx
+from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO
 from .study_fixtures import MODEL_ARGS, recipe, recipes_side_by_side, slow
+
+# the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
+pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 PRELN, RESIDUAL = "transformer_preln_e6d6", "residual_e6d6"
 # what differs between two studies of the same runs: when they ran (results.json; curves' points lose their seconds)
