@@ -14,6 +14,7 @@ import pytest
 
 from fairseq_plugins import cli
 
+from .forkserver import run_forked
 from .helpers import REPO, TINY, run
 from .one_process import run_in_one_process
 
@@ -102,7 +103,7 @@ def test_list_reads_the_declarations(capsys):
     assert "--depth-aggregation" not in out and "--arch" not in out
     cli.main(["list", "--grep", "MHC"])
     out = capsys.readouterr().out
-    assert "  mhc-lite       mHC-lite" in out and "--mhc-rate N" in out and "(16: mhc_e6d6 ... mhc_iwslt_e36d6)" in out
+    assert "  mhc-lite       mHC-lite" in out and "--mhc-rate N" in out and "(8: mhc_e6d6 ... mhc_iwslt_e36d6)" in out
     assert "deepnet" not in out and "--residual CHOICE" not in out
     cli.main(["list", "--archs", "--grep", "dca_k2_e6d6"])
     out = capsys.readouterr().out.splitlines()
@@ -138,7 +139,7 @@ def test_hydra_train_refuses_a_plugin_arch_in_one_line(corpus_bin, tmp_path):
              "optimization.max_update=2", "dataset.max_tokens=1000", "++criterion._name=cross_entropy",
              "++optimizer._name=adam", "++lr_scheduler._name=fixed", "optimization.lr=[0.001]",
              f"checkpoint.save_dir={tmp_path / 'checkpoints'}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    proc = run(hydra, cwd=tmp_path, check=False)
+    proc = run_forked(hydra, cwd=tmp_path, check=False)  # its own process, forked from a pre-imported interpreter
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr
     assert (
         "the plugin's model residual_e6d6 cannot be built from a hydra config (fairseq-hydra-train): it reads its "

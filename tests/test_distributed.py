@@ -7,10 +7,13 @@ update into 2 x 500 x update-freq 1 and 1 x 500 x update-freq 2), which also sho
 counted twice (tied weights, extra modules). The same for the first two combinations of the covering sample of the
 axes grid (``residual_axes``; tests/grid_sample.py: those adding the most axis choices CI's families do not hold);
 the whole grid and every family with ALL_FAMILIES=1. The single-process runs share one process (fairseq-train's own
-entry point, tests/one_process.py); each 2-process run is its own torchrun launch."""
+entry point, tests/one_process.py); the 2-process runs but the end-to-end one share one torchrun launch: each rank
+runs every family's command (its recipe's fairseq_rank arguments) in turn through ``fairseq_rank.main`` on one
+process group, kept between them (fairseq trains on an initialized group as it is) and destroyed after the last."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +21,7 @@ from scripts.training import train_recipe
 
 from .grid_sample import axis_flags, combo_id, family_choices, grid_sample
 from .helpers import REPO, TINY, run, train_log, trained_families
-from .one_process import run_in_one_process
+from .one_process import MARK, Run, run_in_one_process
 
 FAMILIES = trained_families()
 UPDATES = 4
@@ -82,8 +85,72 @@ def singles(recipe_data, tmp_path_factory):
     return Singles(recipe_data, tmp_path_factory.mktemp("single"))
 
 
+# one rank of the shared launch: fairseq_rank.main (the recipe's rank module, unchanged) for each family's arguments in
+# turn, the process group left alive between them (the group is the launch's, as torchrun's store) and destroyed
+# after the last; rank 0 marks where each family's output starts and ends, as tests/one_process.py does
+RANKS = f"""
+import json, logging, os, sys
+# fairseq_cli.train's logging, set before any fairseq import as it does (fairseq's own modules would set stderr)
+logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                    level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stdout)
+sys.path.insert(0, {str(REPO)!r})
+import torch.distributed as dist
+from fairseq import checkpoint_utils
+from scripts.training import fairseq_rank
+destroy, dist.destroy_process_group = dist.destroy_process_group, lambda *args, **kwargs: None
+for argv in json.loads(open(sys.argv[1]).read()):
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):  # as tests/one_process.py: a new process has none
+        del checkpoint_utils.save_checkpoint.best
+    sys.argv = [fairseq_rank.__file__, *argv]
+    if os.environ["RANK"] == "0":
+        print("{MARK} START", flush=True)
+    fairseq_rank.main()  # an exception ends the launch: the other rank would wait on this one's collectives
+    if os.environ["RANK"] == "0":
+        print("{MARK} EXIT 0", flush=True)
+destroy()
+"""
+
+
+class Doubles:
+    """id -> the output of its recipe's 2-process command, the ids next to it run in one torchrun launch (the
+    launcher's arguments are the recipe's own, checked equal for every command of the launch)."""
+
+    def __init__(self, data, root: Path):
+        self.data, self.root, self.ids, self.done = data, root, [i for i in IDS if CONFIG[i][0] != FULL_RECIPE_ARCH], {}
+
+    def __getitem__(self, id_) -> Run:
+        if id_ not in self.done:
+            chunk = self.ids[self.ids.index(id_) // CHUNK * CHUNK :][:CHUNK]
+            commands = [plan(arch, self.data, self.root / i, 2, axes).command for i in chunk for arch, axes in [CONFIG[i]]]
+            at = commands[0].index("scripts.training.fairseq_rank") - 1  # the launcher's arguments, then -m MODULE
+            assert all(c[:at] == commands[0][:at] and c[at : at + 2] == ["-m", "scripts.training.fairseq_rank"]
+                       for c in commands)  # fmt: skip
+            (self.root / "ranks.py").write_text(RANKS, encoding="utf-8")
+            (self.root / "argv.json").write_text(json.dumps([c[at + 2 :] for c in commands]), encoding="utf-8")
+            proc = run([*commands[0][:at], self.root / "ranks.py", self.root / "argv.json"], timeout=300 * len(chunk),
+                       env={"PYTHONUNBUFFERED": "1"}, check=False)  # fmt: skip
+            parts = proc.stdout.split(f"{MARK} START\n")[1:]
+            for i, argv, part in zip(chunk, commands, parts + [""] * (len(chunk) - len(parts)), strict=True):
+                output, marker, _ = part.rpartition(f"{MARK} EXIT ")
+                failed = f"\n(the launch stopped here, exit {proc.returncode}: {proc.stderr[-4000:]})"
+                self.done[i] = Run([str(a) for a in argv], 0 if marker else 1, output if marker else part + failed)
+        return self.done[id_]
+
+
+def without_save_dir(command) -> list[str]:
+    command = [str(a) for a in command]
+    at = command.index("--save-dir")
+    return command[:at] + command[at + 2 :]
+
+
+@pytest.fixture(scope="module")
+def doubles(recipe_data, tmp_path_factory):
+    return Doubles(recipe_data, tmp_path_factory.mktemp("ddp"))
+
+
 @pytest.mark.parametrize(("id_", "arch", "axes"), [(i, *CONFIG[i]) for i in IDS], ids=IDS)
-def test_two_process_ddp_through_the_recipe_matches_single_process(id_, arch, axes, recipe_data, singles, tmp_path):
+def test_two_process_ddp_through_the_recipe_matches_single_process(id_, arch, axes, recipe_data, singles, doubles,
+                                                                   tmp_path):
     (single, single_run), ddp = singles[id_], plan(arch, recipe_data, tmp_path / "ddp", 2, axes)
     assert single.command[:3] == [sys.executable, "-m", "fairseq_cli.train"]  # what the shared process runs
     assert (single.launcher, single.max_tokens, single.update_freq) == ("single", 500, 2)
@@ -100,8 +167,10 @@ def test_two_process_ddp_through_the_recipe_matches_single_process(id_, arch, ax
         assert manifest["command"] == ddp.command and manifest["tokens_per_update"] == 1000
         assert manifest["values"]["lr"]["source"].startswith("CPU-scale") and manifest["launcher"] == "torchrun"
         assert json.loads((tmp_path / "ddp" / "train_summary.json").read_text())["num_updates"] == UPDATES
-    else:
-        ddp_out = run(ddp.command, timeout=300).stdout
+    else:  # the recipe's command (but for its save dir), its rank arguments run in the shared launch (Doubles)
+        shared = doubles[id_].check()
+        assert without_save_dir(shared.argv) == without_save_dir(ddp.command)
+        ddp_out = shared.output
     single_log, ddp_log = train_log(single_out), train_log(ddp_out)
     assert [int(r["num_updates"]) for r in ddp_log] == list(range(1, UPDATES + 1))
     for a, b in zip(single_log, ddp_log, strict=True):

@@ -4,7 +4,7 @@ No environment variable is set: checkpoints load with torch's default weights-on
 
 The trainings run in one process and the decodings and the resumed run in a second (tests/one_process.py), each
 through the tool's own entry point; the distributed ranks and fairseq-interactive reading stdin run as processes of
-their own."""
+their own (fairseq-interactive forked from a pre-imported interpreter, tests/forkserver.py)."""
 
 import math
 import shutil
@@ -13,6 +13,7 @@ import subprocess
 import pytest
 from fairseq.models.transformer import TransformerModel
 
+from .forkserver import run_forked
 from .helpers import (
     PLUGIN_DIR,
     REPO,
@@ -20,7 +21,6 @@ from .helpers import (
     free_port,
     generate_command,
     hypotheses,
-    run,
     train_command,
     train_log,
 )
@@ -46,7 +46,7 @@ def trained(corpus_bin, tmp_path_factory):
     commands += [("train", train_command(corpus_bin, saves[name], DEEP, max_update=3,
                                          extra=[*precision, "--dual-residual-scale", "0.05"])[3:])
                  for name, precision in PRECISIONS.items()]  # fmt: skip
-    return {name: (saves[name], run) for name, run in zip(saves, run_in_one_process(commands), strict=True)}
+    return {name: (saves[name], r) for name, r in zip(saves, run_in_one_process(commands), strict=True)}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,8 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
 
 
 def test_interactive_translates_stdin(trained, corpus_bin):
-    proc = run(fairseq_cli("interactive") + [
+    """Its own process reading stdin, forked from the pre-imported interpreter (tests/forkserver.py)."""
+    proc = run_forked(fairseq_cli("interactive") + [
         corpus_bin, "--user-dir", PLUGIN_DIR, "--path", trained[RESIDUAL][0] / "checkpoint_last.pt",
         "--cpu", "--beam", "2", *MAX_LEN, "--source-lang", "src", "--target-lang", "tgt",
     ], input_text="w1 w2 w3\nw4 w5\n")  # fmt: skip
