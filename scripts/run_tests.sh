@@ -11,6 +11,7 @@ echo "[test] ruff check"
 echo "[test] pytest"
 # tiny models run faster on one thread per process; the tests start their own subprocesses
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# two workers, one test file each at a time (module fixtures train models once per file); a test that runs past
+# two workers, one test file each at a time (module fixtures train models once per file), the slowest files first
+# (tests/conftest.py SLOWEST_FIRST; --no-loadscope-reorder keeps that order); a test that runs past
 # TEST_TIME_LIMIT seconds (default 1200, tests/conftest.py) fails with every thread's stack instead of hanging CI
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile tests "$@"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder tests "$@"

@@ -1,6 +1,8 @@
 import faulthandler
+import json
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -21,6 +23,25 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script` is deprecated:DeprecationWarning")
     # a captured test's fd 2 is a temporary file: keep the real stderr for the stacks of a test that hangs
     _STDERR.append(os.dup(2))
+
+
+# CI runs two workers, one test file at a time each (--dist loadfile), and hands out the files in collection order
+# (scripts/run_tests.sh passes --no-loadscope-reorder: xdist's own order, by number of tests, put the few-test
+# end-to-end files last, so one worker ran alone for minutes at the end). The files that take longest, measured
+# from CI's per-file times (junit), go first; every other file follows in its usual order. Only the order changes:
+# a stale list costs time, never a test.
+SLOWEST_FIRST = (
+    "test_compile.py", "test_hub.py", "test_benchmark_guard.py", "test_study_submitit.py", "test_numerics.py",
+    "test_torchscript.py", "test_study.py", "test_fairseq_parity.py", "test_presets.py", "test_parameter_cache.py",
+    "test_resume.py", "test_axes_compose.py", "test_analysis.py", "test_recipes.py", "test_end_to_end.py",
+    "test_distributed.py", "test_cli.py", "test_agg_baselines.py", "test_axes_grid.py", "test_norm_baselines.py",
+    "test_fairseq_parity_2.py", "test_lm.py", "test_precision.py", "test_gpu_check.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
 
 
 def _time_out(signum, frame):
@@ -52,3 +73,33 @@ def corpus_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     # forked: the tests that take the corpus run fairseq's tools through the same fork server
     return binarize(make_reversal_corpus(root / "raw"), root / "bin", runner=run_forked)
+
+
+@pytest.fixture(scope="session")
+def in_one_forked_process():
+    """tests/one_process.run_in_one_process as a fork of the fork server (tests/forkserver.py) instead of a new
+    interpreter: the same batch of fairseq commands in one process, the same Runs (each command's exit status and
+    its stdout and stderr together, in order), without the ~6 s of importing torch and fairseq. Each call is still
+    a process of its own: a batch that resumes runs starts in a process that did not write their checkpoints."""
+    # imported here, not at the top: they import fairseq, which must come after pytest_configure
+    from .forkserver import run_forked
+    from .one_process import MARK, RUNNER, Run
+
+    # one_process's process has stderr on stdout and PYTHONUNBUFFERED (a variable only a new interpreter reads):
+    # the same order through the one file and a line-buffered stdout
+    code = "import os, sys\nos.dup2(1, 2)\nsys.stdout.reconfigure(line_buffering=True)\n" + RUNNER
+
+    def run_all(commands, timeout: int = 1200) -> list:
+        commands = [(tool, [str(a) for a in argv]) for tool, argv in commands]
+        proc = run_forked([sys.executable, "-c", code, json.dumps(commands)], timeout=timeout, check=False)
+        runs = []
+        for (_, argv), part in zip(commands, proc.stdout.split(f"{MARK} START\n")[1:], strict=False):
+            output, marker, status = part.rpartition(f"{MARK} EXIT ")
+            runs.append(Run(argv, int(status.split()[0]) if marker else -1, output if marker else part))
+        assert len(runs) == len(commands) and proc.returncode == 0, (
+            f"the process running {len(commands)} fairseq commands stopped after {len(runs)} (exit {proc.returncode}):"
+            f"\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+        )
+        return runs
+
+    return run_all

@@ -13,7 +13,6 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_plugins.models import PRESETS
 
 from .helpers import PLUGIN_DIR, family_train_args, train_command
-from .one_process import run_in_one_process
 
 SENTENCES = ["w1 w2 w3", "w4 w5 w6 w7 w8"]
 
@@ -41,9 +40,10 @@ MAX_LEN = {"max_len_a": 0, "max_len_b": 10}
 
 
 @pytest.fixture(scope="module")
-def interactive(corpus_bin, tmp_path_factory):
+def interactive(corpus_bin, tmp_path_factory, in_one_forked_process):
     """family -> (save dir of its representative trained for 2 updates, {sentence id: fairseq-interactive's
-    translation, beam 5}); every training, then every fairseq-interactive, in one process (tests/one_process.py)."""
+    translation, beam 5}); every training, then every fairseq-interactive, in one process (tests/one_process.py,
+    forked from the fork server: conftest.py in_one_forked_process)."""
     root = tmp_path_factory.mktemp("hub")
     saves = {family: root / family for family in FAMILIES}
     source = root / "input.src"
@@ -54,7 +54,7 @@ def interactive(corpus_bin, tmp_path_factory):
     decodes = [("interactive", [corpus_bin, "--user-dir", PLUGIN_DIR, "--path", saves[f] / "checkpoint_last.pt",
                                 "--cpu", "--beam", "5", *limits, "--source-lang", "src", "--target-lang", "tgt",
                                 "--input", source]) for f in FAMILIES]  # fmt: skip
-    runs = run_in_one_process(trains + decodes)
+    runs = in_one_forked_process(trains + decodes)
     out = {}
     for family, trained, decoded in zip(FAMILIES, runs[: len(FAMILIES)], runs[len(FAMILIES) :], strict=True):
         hyps = {}

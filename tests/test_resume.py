@@ -4,9 +4,10 @@ trained families and for the first two combinations of the covering sample of th
 tests/grid_sample.py: those adding the most axis choices CI's families do not hold); every family and the whole
 grid with ALL_FAMILIES=1.
 
-Every run is fairseq-train's own entry point; the runs of one kind share a process (tests/one_process.py): one
-process runs every uninterrupted run, a second every first half, a third every resumed half, so a resumed run
-always starts in a process that did not write its checkpoint, as after a real stop."""
+Every run is fairseq-train's own entry point; the runs of one kind share a process (tests/one_process.py, forked
+from the fork server: conftest.py in_one_forked_process): one process runs every uninterrupted run, a second every
+first half, a third every resumed half, so a resumed run always starts in a process that did not write its
+checkpoint, as after a real stop."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 from .grid_sample import axis_flags, combo_id, family_choices, grid_sample
 from .helpers import family_train_args, train_command, train_log, trained_families
-from .one_process import Run, run_in_one_process
+from .one_process import Run
 
 FAMILIES = trained_families()
 # two combinations in CI (each costs a family's runs); all with ALL_FAMILIES=1
@@ -59,8 +60,8 @@ CHUNK = 12
 class Cases:
     """case id -> Case, its three runs made on first use, with the cases next to it in ``order``."""
 
-    def __init__(self, corpus_bin, root: Path):
-        self.corpus_bin, self.root = corpus_bin, root
+    def __init__(self, corpus_bin, root: Path, run_in_one_process):
+        self.corpus_bin, self.root, self.run_in_one_process = corpus_bin, root, run_in_one_process
         self.cases = {
             EPOCHS: Case("transformer_preln_e6d6", ["--dropout", "0.2", "--update-epoch-batch-itr", "True"], 12, None),
             EMPTY: Case("transformer_preln_e6d6", ["--dropout", "0.2", "--save-interval-updates", "3"], 6, 3),
@@ -81,7 +82,7 @@ class Cases:
         """Run ``name`` (whole, first or second) of every case in one process."""
         commands = [case.command(self.root / id_ / ("whole" if name == "whole" else "split"), updates(case),
                                  self.corpus_bin) for id_, case in cases.items()]  # fmt: skip
-        for case, run in zip(cases.values(), run_in_one_process(commands), strict=True):
+        for case, run in zip(cases.values(), self.run_in_one_process(commands), strict=True):
             case.runs[name] = run
 
     def run(self, cases: dict[str, Case]) -> None:
@@ -100,8 +101,8 @@ class Cases:
 
 
 @pytest.fixture(scope="module")
-def cases(corpus_bin, tmp_path_factory):
-    return Cases(corpus_bin, tmp_path_factory.mktemp("resume"))
+def cases(corpus_bin, tmp_path_factory, in_one_forked_process):
+    return Cases(corpus_bin, tmp_path_factory.mktemp("resume"), in_one_forked_process)
 
 
 @pytest.mark.parametrize("id_", IDS)
