@@ -83,7 +83,7 @@ def in_one_forked_process():
     a process of its own: a batch that resumes runs starts in a process that did not write their checkpoints."""
     # imported here, not at the top: they import fairseq, which must come after pytest_configure
     from .forkserver import run_forked
-    from .one_process import MARK, RUNNER, Run
+    from .one_process import RUNNER, split_runs
 
     # one_process's process has stderr on stdout and PYTHONUNBUFFERED (a variable only a new interpreter reads):
     # the same order through the one file and a line-buffered stdout
@@ -92,14 +92,6 @@ def in_one_forked_process():
     def run_all(commands, timeout: int = 1200) -> list:
         commands = [(tool, [str(a) for a in argv]) for tool, argv in commands]
         proc = run_forked([sys.executable, "-c", code, json.dumps(commands)], timeout=timeout, check=False)
-        runs = []
-        for (_, argv), part in zip(commands, proc.stdout.split(f"{MARK} START\n")[1:], strict=False):
-            output, marker, status = part.rpartition(f"{MARK} EXIT ")
-            runs.append(Run(argv, int(status.split()[0]) if marker else -1, output if marker else part))
-        assert len(runs) == len(commands) and proc.returncode == 0, (
-            f"the process running {len(commands)} fairseq commands stopped after {len(runs)} (exit {proc.returncode}):"
-            f"\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-        )
-        return runs
+        return split_runs(commands, proc.stdout, proc.returncode, proc.stderr)
 
     return run_all

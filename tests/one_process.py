@@ -65,12 +65,18 @@ def run_in_one_process(commands: Sequence[tuple[str, Sequence]], timeout: int = 
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(commands)], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
+    return split_runs(commands, proc.stdout, proc.returncode)
+
+
+def split_runs(commands: list, stdout: str, returncode: int, stderr: str = "") -> list[Run]:
+    """One Run per command from the output of RUNNER's process (its START/EXIT marks), after asserting the
+    process ran every command and exited normally."""
     runs = []
-    for (_, argv), part in zip(commands, proc.stdout.split(f"{MARK} START\n")[1:], strict=False):
+    for (_, argv), part in zip(commands, stdout.split(f"{MARK} START\n")[1:], strict=False):
         output, marker, status = part.rpartition(f"{MARK} EXIT ")
         runs.append(Run(argv, int(status.split()[0]) if marker else -1, output if marker else part))
-    assert len(runs) == len(commands) and proc.returncode == 0, (
-        f"the process running {len(commands)} fairseq commands stopped after {len(runs)} (exit {proc.returncode}):\n"
-        f"{proc.stdout[-6000:]}"
+    assert len(runs) == len(commands) and returncode == 0, (
+        f"the process running {len(commands)} fairseq commands stopped after {len(runs)} (exit {returncode}):\n"
+        f"{stdout[-6000:]}" + (f"\n{stderr[-3000:]}" if stderr else "")
     )
     return runs
