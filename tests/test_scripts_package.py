@@ -2,10 +2,10 @@
 and no file under scripts/ or tests/ edits ``sys.path`` to find another (one tool per group is started here)."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from .helpers import REPO
 
@@ -52,15 +52,32 @@ def test_every_folder_of_scripts_is_a_package():
     assert [str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").is_file()] == []
 
 
+# run in ONE fresh interpreter started in the repository root without PYTHONPATH: each tool through runpy's
+# run_module with run_name "__main__" and alter_sys (what ``python -m`` does, sys.path[0] the current directory),
+# its --help output captured; one interpreter start and one torch import instead of one per tool
+HELP_OF_EACH = """
+import contextlib, io, json, runpy, sys
+out = {}
+for name in sys.argv[1:]:
+    buffer, code = io.StringIO(), None
+    sys.argv[1:] = ["--help"]
+    try:
+        with contextlib.redirect_stdout(buffer):
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        code = exit.code
+    out[name] = [code, buffer.getvalue()]
+print(json.dumps(out))
+"""
+
+
 def test_one_tool_of_each_group_runs_as_a_module_from_the_repository_root():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the repository root is the current directory
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-
-    def help_of(name: str):
-        return subprocess.run([sys.executable, "-m", name, "--help"], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=300, check=False)  # fmt: skip
-
-    with ThreadPoolExecutor(2) as pool:
-        procs = dict(zip(TOOLS, pool.map(help_of, TOOLS)))
-    failed = {name: p.stderr[-1500:] for name, p in procs.items() if p.returncode != 0 or "usage:" not in p.stdout}
+    proc = subprocess.run([sys.executable, "-c", HELP_OF_EACH, *TOOLS], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(results) == list(TOOLS)
+    failed = {name: out[-1500:] for name, (code, out) in results.items() if code not in (0, None) or "usage:" not in out}
     assert not failed, failed
