@@ -14,7 +14,8 @@ from fairseq.dataclass.utils import (
     omegaconf_no_object_check,
 )
 
-from .helpers import fairseq_cli, run
+from .forkserver import run_forked
+from .helpers import fairseq_cli
 
 # tiny width and depth: 3 layers is the least every family runs with (k-DCA's k = 2, Crossformer's pairs)
 TINY_LM = [
@@ -39,7 +40,9 @@ def make_lm_corpus(directory: Path, sizes=(("train", 300), ("valid", 30), ("test
 
 
 def binarize_lm(raw: Path, dest: Path) -> Path:
-    run(fairseq_cli("preprocess") + [
+    """fairseq-preprocess --only-source, forked from tests/forkserver.py's server (as conftest's corpus_bin): a process
+    of its own without importing torch and fairseq again."""
+    run_forked(fairseq_cli("preprocess") + [
         "--only-source", "--trainpref", raw / "train.txt", "--validpref", raw / "valid.txt",
         "--testpref", raw / "test.txt", "--destdir", dest, "--workers", "1",
     ])  # fmt: skip

@@ -223,3 +223,41 @@ def test_compiled_is_measured_beside_eager_in_one_run(tmp_path):
     assert "fp32+compiled train tok/s (ratio)" in benchmark.markdown(report)
     with pytest.raises(SystemExit):
         benchmark.main(["--task", "lm", "--compiled", "--synthetic"])
+
+
+def _plain(node):
+    """A config as plain values, a Namespace as its sorted items, each leaf with its type."""
+    from argparse import Namespace
+
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, DictConfig):
+        return {k: _plain(node[k]) for k in node}
+    if isinstance(node, Namespace):
+        return sorted((k, repr(v)) for k, v in vars(node).items())
+    if isinstance(node, (list, ListConfig)):
+        return [_plain(v) for v in node]
+    return type(node).__name__, node
+
+
+def test_each_contender_gets_fairseqs_own_config(tmp_path):
+    """bench_families.namespace_to_config composes hydra's config once per set of overrides (the same for a
+    line-up's models but one with its own criterion): each model's config is still exactly fairseq's
+    convert_namespace_to_omegaconf of its own arguments (its arch, its options, its criterion)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    from scripts.benchmark.bench_families import namespace_to_config
+
+    def parsed(arch, *extra):
+        argv = [str(tmp_path), "--task", "translation", "--arch", arch, "--optimizer", "adam", "--lr-scheduler",
+                "inverse_sqrt", "--criterion", "label_smoothed_cross_entropy", "--cpu", *extra]  # fmt: skip
+        return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+
+    guided = ["--criterion", "label_smoothed_cross_entropy_with_guidance"]
+    for args in (parsed("transformer_preln_e6d6"), parsed("residual_e6d6", "--dual-residual-scale", "0.5"),
+                 parsed("crossformer_sg_e6d6", *guided)):  # fmt: skip
+        got, want = namespace_to_config(args), convert_namespace_to_omegaconf(args)
+        assert _plain(got) == _plain(want), args.arch
+        assert OmegaConf.is_struct(got)

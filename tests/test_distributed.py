@@ -7,9 +7,10 @@ update into 2 x 500 x update-freq 1 and 1 x 500 x update-freq 2), which also sho
 counted twice (tied weights, extra modules). The same for the first two combinations of the covering sample of the
 axes grid (``residual_axes``; tests/grid_sample.py: those adding the most axis choices CI's families do not hold);
 the whole grid and every family with ALL_FAMILIES=1. The single-process runs share one process (fairseq-train's own
-entry point, tests/one_process.py); the 2-process runs but the end-to-end one share one torchrun launch: each rank
-runs every family's command (its recipe's fairseq_rank arguments) in turn through ``fairseq_rank.main`` on one
-process group, kept between them (fairseq trains on an initialized group as it is) and destroyed after the last."""
+entry point, tests/one_process.py; forked from tests/forkserver.py's server, conftest's in_one_forked_process); the
+2-process runs but the end-to-end one share one torchrun launch: each rank runs every family's command (its
+recipe's fairseq_rank arguments) in turn through ``fairseq_rank.main`` on one process group, kept between them
+(fairseq trains on an initialized group as it is) and destroyed after the last."""
 
 import json
 import sys
@@ -21,7 +22,7 @@ from scripts.training import train_recipe
 
 from .grid_sample import axis_flags, combo_id, family_choices, grid_sample
 from .helpers import REPO, TINY, run, train_log, trained_families
-from .one_process import MARK, Run, run_in_one_process
+from .one_process import MARK, Run
 
 FAMILIES = trained_families()
 UPDATES = 4
@@ -68,21 +69,22 @@ class Singles:
     """id -> (the recipe's single-process plan, its Run): the plan's command (``python -m fairseq_cli.train ARGS``,
     checked by the test) run as fairseq-train ARGS on first use, with the ids next to it, in one process."""
 
-    def __init__(self, data, root):
+    def __init__(self, data, root, run_in_one_process):
         self.data, self.root, self.ids, self.done = data, root, list(IDS), {}
+        self.run_in_one_process = run_in_one_process
 
     def __getitem__(self, id_):
         if id_ not in self.done:
             chunk = self.ids[self.ids.index(id_) // CHUNK * CHUNK :][:CHUNK]
             plans = [plan(arch, self.data, self.root / i, 1, axes) for i in chunk for arch, axes in [CONFIG[i]]]
-            runs = run_in_one_process([("train", p.command[3:]) for p in plans])
+            runs = self.run_in_one_process([("train", p.command[3:]) for p in plans])
             self.done.update(zip(chunk, zip(plans, runs, strict=True), strict=True))
         return self.done[id_]
 
 
 @pytest.fixture(scope="module")
-def singles(recipe_data, tmp_path_factory):
-    return Singles(recipe_data, tmp_path_factory.mktemp("single"))
+def singles(recipe_data, tmp_path_factory, in_one_forked_process):
+    return Singles(recipe_data, tmp_path_factory.mktemp("single"), in_one_forked_process)
 
 
 # one rank of the shared launch: fairseq_rank.main (the recipe's rank module, unchanged) for each family's arguments in

@@ -17,6 +17,7 @@ from fairseq_plugins.validation import PluginOptionError
 
 from .equations import attention, ffn
 from .equations import layer_norm as ln
+from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -26,7 +27,6 @@ from .helpers import (
     parameter_gradients,
     parse_model_args,
     random_batch,
-    run,
     train_command,
 )
 
@@ -409,13 +409,14 @@ def test_normformer_flags_can_be_switched_off():
 def test_admin_trains_in_fp16_and_translates_from_the_command_line(corpus_bin, tmp_path):
     """fairseq-train profiles on its first batch and saves the omegas; fairseq-generate uses them.
     In half precision fairseq's FP16Optimizer copies the parameters to float32 before that batch; the
-    profiled omegas live in a buffer, so its first step cannot put the stale (all-ones) values back."""
+    profiled omegas live in a buffer, so its first step cannot put the stale (all-ones) values back. Each command a
+    process of its own, forked from tests/forkserver.py's server (generate reads only the checkpoint)."""
     extra = ["--fp16", "--fp16-no-flatten-grads"]
-    run(train_command(corpus_bin, tmp_path, "admin_e6d6", max_update=3, extra=extra))
+    run_forked(train_command(corpus_bin, tmp_path, "admin_e6d6", max_update=3, extra=extra))
     state = torch.load(tmp_path / "checkpoint_last.pt")["model"]
     omega = state["encoder.layers.5.omega_init"].float() + state["encoder.layers.5.omega_delta"].float()
     assert bool(state["admin_profiled"]) and float(omega.min()) > 1.0
-    proc = run(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
+    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt"))
     assert len(hypotheses(proc.stdout)) == 21
 
 

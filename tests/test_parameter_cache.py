@@ -16,13 +16,13 @@ from fairseq.optim.adam import Adam
 from fairseq_plugins.models import PRESETS
 from fairseq_plugins.modules.parameter_cache import ParameterCache
 
+from .forkserver import run_forked
 from .helpers import (
     PLUGIN_DIR,
     build_model,
     fairseq_cli,
     full_and_incremental_logits,
     random_batch,
-    run,
     train_command,
     train_log,
 )
@@ -82,12 +82,14 @@ def test_parameter_changes_in_eval_mode_are_seen(arch):
 
 def test_fairseq_train_validation_equals_fairseq_validate(corpus_bin, tmp_path):
     """The validation loss fairseq-train logs at its last update is the one fairseq-validate gives its checkpoint
-    (the unit tests above cover every family; this is the symptom as fairseq shows it)."""
-    proc = run(train_command(corpus_bin, tmp_path, "hc_dynamic_e6d6", max_update=6,
+    (the unit tests above cover every family; this is the symptom as fairseq shows it). Each command is a process
+    of its own, forked from tests/forkserver.py's server: the validation starts in a new process, as before, without
+    importing torch and fairseq again."""
+    proc = run_forked(train_command(corpus_bin, tmp_path, "hc_dynamic_e6d6", max_update=6,
                              extra=["--lr", "1e-2", "--validate-interval-updates", "2"]))  # fmt: skip
     last = train_log(proc.stdout + proc.stderr, "valid")[-1]
     assert int(last["valid_num_updates"]) == 6
-    proc = run(fairseq_cli("validate") + [
+    proc = run_forked(fairseq_cli("validate") + [
         corpus_bin, "--user-dir", PLUGIN_DIR, "--task", "translation", "--path", tmp_path / "checkpoint_last.pt",
         "--cpu", "--max-tokens", "1000", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--num-workers", "0", "--log-format", "json",

@@ -11,6 +11,7 @@ from fairseq_plugins.models import PRESETS
 from fairseq_plugins.modules.grn import GRN
 from fairseq_plugins.validation import PluginOptionError
 
+from .forkserver import run_forked
 from .helpers import (
     build_model,
     close_in_bf16,
@@ -18,7 +19,6 @@ from .helpers import (
     generate_command,
     hypotheses,
     random_batch,
-    run,
     train_command,
 )
 
@@ -161,11 +161,12 @@ def test_fp16_training_is_unchanged():
 
 
 def test_fairseq_train_and_generate_with_autocast_bf16(corpus_bin, tmp_path):
-    """The command line of docs/gpu.md, on CPU: the option is parsed, saved, and applied again by fairseq-generate."""
+    """The command line of docs/gpu.md, on CPU: the option is parsed, saved, and applied again by fairseq-generate
+    (each a process of its own, forked from tests/forkserver.py's server: generate reads only the checkpoint)."""
     arch = "dca_k2_e6d6"
-    run(train_command(corpus_bin, tmp_path, arch, max_update=3, extra=SHALLOW + BF16))
+    run_forked(train_command(corpus_bin, tmp_path, arch, max_update=3, extra=SHALLOW + BF16))
     checkpoint = tmp_path / "checkpoint_last.pt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert saved["cfg"]["model"].autocast_dtype == "bfloat16"
-    out = run(generate_command(corpus_bin, checkpoint, ["--beam", "2"]))
+    out = run_forked(generate_command(corpus_bin, checkpoint, ["--beam", "2"]))
     assert len(hypotheses(out.stdout)) == 21

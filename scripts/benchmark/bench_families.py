@@ -20,9 +20,19 @@ PLUGIN_DIR = REPO / "fairseq_plugins"
 
 from fairseq import options, tasks
 from fairseq.criterions import CRITERION_REGISTRY
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.dataclass.utils import (
+    _set_legacy_defaults,
+    convert_namespace_to_omegaconf,
+    omegaconf_no_object_check,
+    override_module_args,
+)
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.optim import OPTIMIZER_REGISTRY
+from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
+from fairseq.tasks import TASK_REGISTRY
 from fairseq.trainer import Trainer
 from fairseq.utils import import_user_module
+from omegaconf import OmegaConf
 
 # exactly as fairseq-train --user-dir loads the plugin: the package, then every file of its models/ folder,
 # so a family whose file is not yet imported by models/__init__.py is found too
@@ -152,6 +162,40 @@ class Contender:
     extra: dict = field(default_factory=dict)
 
 
+# (cfg field, the argument naming its registry entry, the registry): what fairseq stores as a Namespace of all the
+# arguments when the entry has no dataclass (every plugin model)
+_LEGACY_FIELDS = (("task", "task", TASK_REGISTRY), ("model", "arch", ARCH_MODEL_REGISTRY),
+                  ("optimizer", "optimizer", OPTIMIZER_REGISTRY),
+                  ("lr_scheduler", "lr_scheduler", LR_SCHEDULER_REGISTRY),
+                  ("criterion", "criterion", CRITERION_REGISTRY))  # fmt: skip
+_COMPOSED: dict[tuple, dict] = {}
+
+
+def namespace_to_config(args: argparse.Namespace):
+    """fairseq's convert_namespace_to_omegaconf(args), the same config. Its hydra composition (~0.4 s of CPU, most
+    of building a contender at tiny width) depends only on the overrides fairseq derives from the arguments, which
+    are the same for every contender of a line-up but one with its own criterion: it runs once per set of
+    overrides, and the rest of fairseq's function (no hook: its tail is copied from fairseq/dataclass/utils.py)
+    runs for each contender on a copy of that composition."""
+    overrides, deletes = override_module_args(args)
+    key = (tuple(overrides), tuple(deletes))
+    if key not in _COMPOSED:
+        cfg = convert_namespace_to_omegaconf(args)
+        # the composition as fairseq had it before storing the Namespaces: those fields were None
+        composed = OmegaConf.to_container(cfg)
+        _COMPOSED[key] = {k: None if isinstance(v, argparse.Namespace) else v for k, v in composed.items()}
+        return cfg
+    cfg = OmegaConf.create(copy.deepcopy(_COMPOSED[key]))
+    with omegaconf_no_object_check():
+        for field_, name, registry in _LEGACY_FIELDS:
+            if cfg[field_] is None and getattr(args, name, None):
+                cfg[field_] = argparse.Namespace(**vars(args))
+                _set_legacy_defaults(cfg[field_], registry[getattr(args, name)])
+                cfg[field_]._name = getattr(args, name)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
 def build_contender(name: str, arch: str, data_dir: Path, opts, precision: str = "fp32", extra_args=()) -> Contender:
     extra, note = family_args(name)
     device = getattr(opts, "device", "cpu")
@@ -171,7 +215,7 @@ def build_contender(name: str, arch: str, data_dir: Path, opts, precision: str =
         *shape_args(opts), *precision_args(precision, device), *extra, *extra_args,
     ]  # fmt: skip
     args = options.parse_args_and_arch(parser, input_args=argv)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = namespace_to_config(args)
     task = tasks.setup_task(cfg.task)
     torch.manual_seed(opts.seed)
     model = enable_autocast(task.build_model(cfg.model), AUTOCAST.get(precision))

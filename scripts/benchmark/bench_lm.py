@@ -27,7 +27,6 @@ import torch
 from fairseq import options, tasks
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import MonolingualDataset, TokenBlockDataset
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 from fairseq_plugins.lm import LM_FAMILIES, LM_PRESETS
@@ -38,6 +37,7 @@ from scripts.benchmark.bench_families import (
     AUTOCAST,
     BenchmarkError,
     Contender,
+    namespace_to_config,
     precision_args,
 )
 from scripts.benchmark.bench_run import measure, result_row
@@ -125,7 +125,7 @@ def build_lm_contender(name: str, arch: str, data_dir: Path, opts, precision: st
         *precision_args(precision, device), *extra,
     ]  # fmt: skip
     args = options.parse_args_and_arch(parser, input_args=argv)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = namespace_to_config(args)
     task = tasks.setup_task(cfg.task)
     torch.manual_seed(opts.seed)
     model = enable_autocast(task.build_model(cfg.model), AUTOCAST.get(precision))
