@@ -16,6 +16,8 @@ What it writes, and what from (tests/test_generated_docs.py fails while any of t
                                       models/families.py, lm/presets.py) and what each sets
     docs/layout.md (files)            every module and script with its docstring's first sentence
     docs/testing.md (files)           every test file with its docstring's first sentence
+    docs/speed.md (speed table)       every family's CPU-time ratios to Pre-LN at each depth and its peak memory,
+                                      from the benchmark's merged report docs/benchmark_all.json
     tests/golden/train_commands.txt   the training recipe's commands (scripts/training/train_golden.py)
     tests/golden/lm_commands.txt      the LM recipe's commands (scripts/lm/train_lm.py)
 
@@ -25,7 +27,7 @@ generated whole, and says so in its second line (the golden tables in their ``# 
 own command writes the same text).
 
 One module per generated page (``options_page``, ``grid_page``, ``architectures_page``, ``file_lists``,
-``golden_tables``), the Markdown pieces they share (``markdown``), and ``targets`` (what goes where, the check and
+``golden_tables``, ``speed_table``), the Markdown pieces they share (``markdown``), and ``targets`` (what goes where, the check and
 the command).
 
 Why here and not in ``fairseq_plugins/``: the files are the repository's documentation and test expectations,

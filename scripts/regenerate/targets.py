@@ -16,6 +16,7 @@ from .golden_tables import golden_lm, golden_train
 from .grid_page import grid_md, readme_axes_table
 from .markdown import COMMAND, REPO
 from .options_page import options_md
+from .speed_table import speed_table
 
 
 def start_marker(name: str) -> str:
@@ -60,6 +61,7 @@ TARGETS = (
     Target("docs/architectures.md", architectures_list, "architectures"),
     Target("docs/layout.md", layout_files, "files"),
     Target("docs/testing.md", testing_files, "test files"),
+    Target("docs/speed.md", speed_table, "speed table"),
     Target("tests/golden/train_commands.txt", golden_train),
     Target("tests/golden/lm_commands.txt", golden_lm),
 )
