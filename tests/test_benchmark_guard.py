@@ -21,8 +21,9 @@ import pytest
 
 from fairseq_plugins.axes import AGGREGATES, KEEPS_PACE, declarations
 from fairseq_plugins.models.families import NEW_IDEAS
+from scripts.study.study_common import git_commit
 
-from .helpers import load_script
+from .helpers import REPO, load_script
 
 # the families the project plans, guarded once registered; plus whatever else the preset table holds
 GUARDED = ("residual", "crossformer_sg", "crossformer_hg", "dca", "dca_k2")
@@ -183,6 +184,9 @@ def test_families_are_measured_in_groups_each_against_its_own_baseline(tmp_path)
     assert all(r["baseline"]["train_tokens_per_s"]["median"] > 0 for r in report["results"])
     text = benchmark.markdown(report)
     assert "`transformer_preln` (group 1)" in text and "`transformer_preln` (group 2)" in text
+    # the code measured: this checkout's commit, named in the report's header
+    assert report["machine"]["commit"] == git_commit(REPO)
+    assert f"Code: commit {git_commit(REPO)[:7]}" in text
     assert {v["target"]["family"] for v in report["targets"]} == {"residual", "dca", "rezero"}
 
 
@@ -197,6 +201,7 @@ def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_pat
     assert [(r["group"], list(r["families"])) for r in merged["results"]] == [(1, ["residual"]), (2, ["rezero"])]
     assert {v["target"]["family"] for v in merged["targets"]} == {"residual", "rezero"}
     assert merged["command"].count("scripts.benchmark.benchmark") == 2
+    assert merged["machine"]["commits"] == [git_commit(REPO)]  # both runs' code, once
     other = json.loads((tmp_path / "b.json").read_text())
     other["settings"]["rounds"] = 5
     (tmp_path / "c.json").write_text(json.dumps(other))

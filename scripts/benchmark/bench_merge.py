@@ -54,10 +54,12 @@ def _merge(reports: list[dict], names: list[str]) -> dict:
         raise MergeError(f"{', '.join(twice)}: measured in more than one of the runs; give each family once")
     peaks = [r["machine"]["matmul_peak_gflops"] for r in reports if r["machine"].get("matmul_peak_gflops")]
     loads = [r["machine"].get("load_average") for r in reports]
+    commits = list(dict.fromkeys(c for r in reports for c in (r["machine"].get("commits") or [r["machine"].get("commit")]) if c))
     merged = {
         **first,
         "machine": {**first["machine"], "matmul_peak_gflops": max(peaks) if peaks else None,
-                    "load_average": max(loads, key=lambda lo: (lo or [0])[0])},
+                    "load_average": max(loads, key=lambda lo: (lo or [0])[0]), "commit": None,
+                    "commits": commits},  # each run's code, in the runs' order
         "results": results,
         "not_benchmarked": {k: v for r in reports for k, v in r.get("not_benchmarked", {}).items()},
         "seconds": sum(r.get("seconds", 0) for r in reports),

@@ -111,6 +111,9 @@ def markdown(report: dict) -> str:
     if report.get("command"):
         header += (f" Made by `OMP_NUM_THREADS={s['threads']} {report['command']}` in "
                    f"{report.get('seconds', 0) / 60:.0f} minutes.")  # fmt: skip
+    commits = m.get("commits") or ([m["commit"]] if m.get("commit") else [])
+    if commits:  # reports made before the commit was recorded have none
+        header += f" Code: commit {', '.join(c[:7] + ('+dirty' if c.endswith('+dirty') else '') for c in commits)}."
     lines = [
         header,
         "",

@@ -17,6 +17,7 @@ from scripts.benchmark.bench_families import (
     BASELINE,
     DEPTHS,
     PRESETS,
+    REPO,
     SRC,
     TGT,
     WIDTHS,
@@ -37,6 +38,7 @@ from scripts.benchmark.bench_timing import (
     spread,
     train_once,
 )
+from scripts.study.study_common import git_commit
 
 
 def run_depth(depth: str, families: list[str], data_dir: Path, batches: Batches, opts, log) -> dict:
@@ -237,6 +239,7 @@ def run_benchmark(opts, corpus: Corpus, log: Callable[[str], None] = lambda _: N
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
             "grn_kernels": grn_kernels_status(opts.device),
             "gpu": torch.cuda.get_device_name() if opts.device == "cuda" else None,
+            "commit": git_commit(REPO),  # the code measured ("+dirty": with uncommitted changes)
         },
         "settings": {
             "width": f"{opts.embed_dim or width.embed_dim}/{opts.ffn_dim or width.ffn_dim}/"
