@@ -16,7 +16,6 @@ from fairseq_plugins import cli
 
 from .forkserver import run_forked
 from .helpers import REPO, TINY, run
-from .one_process import run_in_one_process
 
 SOURCES = ("setup.py", "MANIFEST.in", "fairseq_residual.py", "scripts/requirements.txt", "fairseq_plugins")
 DEVELOPMENT_ONLY = ("pytest", "pytest-xdist", "execnet", "hypothesis", "ruff")
@@ -119,12 +118,13 @@ def test_describe_refuses_a_missing_file_in_one_line(capsys, tmp_path):
     assert error == f"fairseq-residual describe: error: no checkpoint file at {tmp_path / 'none.pt'}"
 
 
-def test_unknown_arch_and_axis_choice_suggest_the_nearest_names(corpus_bin, tmp_path):
-    """Both commands in one process (fairseq-train's own entry point, tests/one_process.py): the first loads the
-    plugin through --user-dir as a fresh process does; both fail while parsing, before anything is trained."""
+def test_unknown_arch_and_axis_choice_suggest_the_nearest_names(corpus_bin, tmp_path, in_one_forked_process):
+    """Both commands in one process (fairseq-train's own entry point, tests/one_process.py, forked from a server that
+    never imports the plugin: conftest.py in_one_forked_process): the first loads the plugin through --user-dir as a
+    fresh process does; both fail while parsing, before anything is trained."""
     train = [corpus_bin, "--user-dir", REPO / "fairseq_plugins", *TRAIN, "--save-dir", tmp_path]
-    arch, choice = run_in_one_process([("train", [*train, "--arch", "residal_e6d6"]),
-                                       ("train", [*train, "--arch", "residual_e6d6", "--residual", "prex"])])  # fmt: skip
+    arch, choice = in_one_forked_process([("train", [*train, "--arch", "residal_e6d6"]),
+                                          ("train", [*train, "--arch", "residual_e6d6", "--residual", "prex"])])  # fmt: skip
     error = arch.output.strip().splitlines()[-1]
     assert arch.returncode == 2 and error == (
         "train.py: error: argument --arch/-a: unknown architecture 'residal_e6d6'; did you mean residual_e6d6 or "

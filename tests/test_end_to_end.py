@@ -2,9 +2,10 @@
 interactive, resume (also distributed, 2 CPU processes on gloo) and real half-precision training on CPU.
 No environment variable is set: checkpoints load with torch's default weights-only loading.
 
-The trainings run in one process and the decodings and the resumed run in a second (tests/one_process.py), each
-through the tool's own entry point; the distributed ranks and fairseq-interactive reading stdin run as processes of
-their own (fairseq-interactive forked from a pre-imported interpreter, tests/forkserver.py)."""
+The trainings run in one process and the decodings and the resumed run in a second (tests/one_process.py, forked
+from a pre-imported interpreter: conftest.py in_one_forked_process), each through the tool's own entry point; the
+distributed ranks and fairseq-interactive reading stdin run as processes of their own (fairseq-interactive forked
+from the same interpreter, tests/forkserver.py)."""
 
 import math
 import shutil
@@ -13,7 +14,7 @@ import subprocess
 import pytest
 from fairseq.models.transformer import TransformerModel
 
-from .forkserver import run_forked
+from .forkserver import forked_python_modules, run_forked
 from .helpers import (
     PLUGIN_DIR,
     REPO,
@@ -24,7 +25,6 @@ from .helpers import (
     train_command,
     train_log,
 )
-from .one_process import run_in_one_process
 
 RESIDUAL = "residual_e18d18"  # the issue's acceptance example, at tiny width
 ARCHS = [RESIDUAL, "transformer_preln_e6d6", "transformer_postln_e6d6"]
@@ -37,7 +37,7 @@ PRECISIONS = {"mem-eff": ["--memory-efficient-fp16"], "fp16": ["--fp16", "--fp16
 
 
 @pytest.fixture(scope="module")
-def trained(corpus_bin, tmp_path_factory):
+def trained(corpus_bin, tmp_path_factory, in_one_forked_process):
     """Each architecture trained for 4 updates, and the deep residual model for 3 in each half precision, in one
     process; name (arch or precision id) -> (save dir, the training's Run)."""
     root = tmp_path_factory.mktemp("trained")
@@ -46,11 +46,11 @@ def trained(corpus_bin, tmp_path_factory):
     commands += [("train", train_command(corpus_bin, saves[name], DEEP, max_update=3,
                                          extra=[*precision, "--dual-residual-scale", "0.05"])[3:])
                  for name, precision in PRECISIONS.items()]  # fmt: skip
-    return {name: (saves[name], r) for name, r in zip(saves, run_in_one_process(commands), strict=True)}
+    return {name: (saves[name], r) for name, r in zip(saves, in_one_forked_process(commands), strict=True)}
 
 
 @pytest.fixture(scope="module")
-def decoded(trained, corpus_bin, tmp_path_factory):
+def decoded(trained, corpus_bin, tmp_path_factory, in_one_forked_process):
     """In a second process: fairseq-generate on every checkpoint of ``trained`` (name -> Run), and the residual
     model's training resumed from a copy of its save dir for 2 more updates ("resume" -> (save dir, Run))."""
     names = [name for name, (_, training) in trained.items() if training.returncode == 0]
@@ -59,7 +59,7 @@ def decoded(trained, corpus_bin, tmp_path_factory):
     commands = [("generate", generate_command(corpus_bin, trained[name][0] / "checkpoint_last.pt", MAX_LEN)[3:])
                 for name in names]  # fmt: skip
     commands.append(("train", train_command(corpus_bin, resume, RESIDUAL, max_update=6)[3:]))
-    *generated, resumed = run_in_one_process(commands)
+    *generated, resumed = in_one_forked_process(commands)
     return {**dict(zip(names, generated, strict=True)), "resume": (resume, resumed)}
 
 
@@ -89,15 +89,18 @@ def test_distributed_resume_on_two_cpu_processes(trained, corpus_bin, tmp_path):
     base = train_command(corpus_bin, save_dir, RESIDUAL, max_update=6)
     dist = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--ddp-backend", "legacy_ddp"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [str(c) for c in base + dist + ["--distributed-rank", str(rank)]], cwd=REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    # each rank a process of its own, both forked from one pre-imported interpreter (forkserver.py's shim): one
+    # start-up for the two instead of two
+    with forked_python_modules():
+        procs = [
+            subprocess.Popen(
+                [str(c) for c in base + dist + ["--distributed-rank", str(rank)]], cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+            )
+            for rank in (0, 1)
+        ]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
     for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
     assert "Loaded checkpoint" in outputs[0]

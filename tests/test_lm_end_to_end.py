@@ -6,10 +6,12 @@ import math
 import re
 import sys
 
-from .helpers import PLUGIN_DIR, run
+from .forkserver import run_forked
+from .helpers import PLUGIN_DIR
 from .lm_helpers import TASK_ARGS, TINY_LM, binarize_lm, make_lm_corpus
 
-# both tools in one process: fairseq's start-up (importing fairseq and torch) is paid once
+# both tools in one process, forked from a pre-imported interpreter (tests/forkserver.py): fairseq's start-up
+# (importing fairseq and torch) is not paid at all
 BOTH = (
     "import json, sys\n"
     "from fairseq_cli import eval_lm, train\n"
@@ -34,7 +36,7 @@ def test_fairseq_train_and_eval_lm(tmp_path):
     evaluate = [data, "--user-dir", PLUGIN_DIR, "--path", save / "checkpoint_last.pt", *TASK_ARGS, "--cpu",
                 "--max-tokens", "400", "--num-workers", "0", "--gen-subset", "test"]  # fmt: skip
     argvs = [[str(a) for a in argv] for argv in (train, evaluate)]
-    proc = run([sys.executable, "-c", BOTH, json.dumps(argvs)], timeout=600)
+    proc = run_forked([sys.executable, "-c", BOTH, json.dumps(argvs)], timeout=600)
     # both tools' logging goes through the first one's handler: "INFO:train_inner:{...}" lines
     steps = [json.loads(m) for m in re.findall(r"train_inner\W+(\{.*\})", proc.stdout + proc.stderr)]
     assert len(steps) == 12 and all(math.isfinite(float(s["loss"])) for s in steps)

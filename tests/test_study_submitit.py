@@ -176,7 +176,7 @@ def test_stopping_the_study_cancels_its_jobs(data_bin, tmp_path):
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.time() + 600
     while time.time() < deadline and sum("| train_inner |" in p.read_text() for p in out.glob("runs/*/train.log")) < 2:
-        time.sleep(1)
+        time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted: run the same command again" in stdout, stdout[-3000:]
@@ -194,7 +194,7 @@ def test_stopping_the_study_cancels_its_jobs(data_bin, tmp_path):
 
     deadline = time.time() + 60
     while left() and time.time() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     assert not left()
 
 

@@ -12,6 +12,7 @@ A failed run (Study._fail) does not stop the others; study.py ends with the part
 import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -71,11 +72,17 @@ class Process:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.out, stderr=subprocess.STDOUT)
         self.started = time.time()
+        # readable once the process ends (Linux; opened before anything can reap it, so never another's pid): the
+        # study wakes as a run's phase ends instead of at its next poll (Study._wait)
+        try:
+            self.ended: int | None = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self.ended = None
 
     def poll(self) -> int | None:
         status = self.proc.poll()
         if status is not None:
-            self.out.close()
+            self._close()
         return status
 
     def stop(self) -> None:
@@ -85,7 +92,13 @@ class Process:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self._close()
+
+    def _close(self) -> None:
         self.out.close()
+        if self.ended is not None:
+            os.close(self.ended)
+            self.ended = None
 
 
 class Study(Console):
@@ -169,7 +182,19 @@ class Study(Console):
                 # in the grid's order (as REPORT_ONLY lists them), not the order the later seeds' settings were chosen
                 ordered = tuning + [resolved[r] for r in later if r in resolved]
                 return [r for r in ordered if r not in self.failed]
-            time.sleep(0.5 if self.hook else 2.0)
+            self._wait(0.5 if self.hook else 2.0)
+
+    def _wait(self, seconds: float) -> None:
+        """Until one of the running processes ends, or ``seconds`` pass (the early-stopping and progress checks):
+        the next phase of a run (its evaluation, a later seed) starts when the last one ends, not up to a poll later."""
+        ended = [getattr(p, "ended", None) for p in (*self.train.values(), *self.evals.values())]
+        if ended and None not in ended:
+            waiting = select.poll()
+            for fd in ended:
+                waiting.register(fd, select.POLLIN)
+            waiting.poll(seconds * 1000)
+        else:
+            time.sleep(seconds)
 
     def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
         """(finished and evaluated runs, the others) of the grid, for a report without training (REPORT_ONLY)."""
