@@ -153,10 +153,10 @@ def collapse_streams(streams: Tensor, norm: nn.Module | None = None, order: str 
 
 class StreamCarry(Carry):
     """n streams per token, hyper-connections' carry, which mHC keeps (modules/carry.py's interface): H^0 = the
-    embedding output replicated n times (an expanded view: each site reads it without a copy), each layer's
-    output (fairseq's ``inner_states``) the sum of the streams, the stack output the last layer's, before the
-    final LayerNorm. Site k is ``connection(embed_dim, n, k, **options)``: ``HyperConnection``
-    (hyper_connections.py) or ``ManifoldHyperConnection``.
+    embedding output replicated n times (``expand_streams``), each layer's output (fairseq's ``inner_states``)
+    the sum of the streams, the stack output the last layer's, before the final LayerNorm. Site k is
+    ``connection(embed_dim, n, k, **options)``: ``HyperConnection`` (hyper_connections.py) or
+    ``ManifoldHyperConnection``.
 
     The streams are a dimension next to the features, not folded into the batch, so attention, its incremental
     cache and beam search's reordering see the batch only. They are per position: incremental decoding rebuilds
@@ -169,7 +169,12 @@ class StreamCarry(Carry):
         return self.connection(embed_dim, self.rate, index, **self.options)
 
     def begin(self, stack: nn.Module, x: Tensor) -> Tensor:
-        return x.unsqueeze(2).expand(x.size(0), x.size(1), self.rate, x.size(2))
+        # a contiguous copy laid out as every layer's output, not an expanded view of the transposed embedding:
+        # torch.compile guards on strides, so a compiled run_layer (and layer) would be compiled once for the
+        # first layer's view and again for the later layers' outputs, in training and at every decoding step.
+        # The first site's reshape to (tokens, n, C) copied the view anyway (but at one position): the same
+        # outputs and gradients bit for bit, the C kernels on and off
+        return expand_streams(x, self.rate)
 
     def layer_output(self, state: Tensor) -> Tensor:
         return state.sum(2)
