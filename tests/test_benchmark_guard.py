@@ -18,9 +18,13 @@ only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
 import json
 
 import pytest
+from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from omegaconf import OmegaConf
 
 from fairseq_plugins.axes import AGGREGATES, KEEPS_PACE, declarations
 from fairseq_plugins.models.families import NEW_IDEAS
+from scripts.benchmark.bench_families import namespace_to_config
 from scripts.study.study_common import git_commit
 
 from .helpers import REPO, load_script
@@ -249,12 +253,6 @@ def test_each_contender_gets_fairseqs_own_config(tmp_path):
     """bench_families.namespace_to_config composes hydra's config once per set of overrides (the same for a
     line-up's models but one with its own criterion): each model's config is still exactly fairseq's
     convert_namespace_to_omegaconf of its own arguments (its arch, its options, its criterion)."""
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
-    from scripts.benchmark.bench_families import namespace_to_config
-
     def parsed(arch, *extra):
         argv = [str(tmp_path), "--task", "translation", "--arch", arch, "--optimizer", "adam", "--lr-scheduler",
                 "inverse_sqrt", "--criterion", "label_smoothed_cross_entropy", "--cpu", *extra]  # fmt: skip
