@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from scripts.benchmark.bench_report import publish, target_records
+from scripts.benchmark.bench_report import commits_of, publish, target_records
 
 # settings that may differ between merged runs: the ones that only say how a run was split or reported
 FREE_SETTINGS = {"group_size", "profile", "profile_repeats", "memory"}
@@ -54,7 +54,7 @@ def _merge(reports: list[dict], names: list[str]) -> dict:
         raise MergeError(f"{', '.join(twice)}: measured in more than one of the runs; give each family once")
     peaks = [r["machine"]["matmul_peak_gflops"] for r in reports if r["machine"].get("matmul_peak_gflops")]
     loads = [r["machine"].get("load_average") for r in reports]
-    commits = list(dict.fromkeys(c for r in reports for c in (r["machine"].get("commits") or [r["machine"].get("commit")]) if c))
+    commits = list(dict.fromkeys(c for r in reports for c in commits_of(r["machine"])))
     merged = {
         **first,
         "machine": {**first["machine"], "matmul_peak_gflops": max(peaks) if peaks else None,

@@ -93,6 +93,11 @@ def _table_row(depth: str, name: str, row: dict, base: dict, peak_flops: float, 
     return "| " + " | ".join(cells) + " |"
 
 
+def commits_of(machine: dict) -> list[str]:
+    """The commits of the code a report measured: a merged report's runs' (``commits``), else the run's own."""
+    return machine.get("commits") or ([machine["commit"]] if machine.get("commit") else [])
+
+
 def markdown(report: dict) -> str:
     m, s = report["machine"], report["settings"]
     header = (
@@ -111,7 +116,7 @@ def markdown(report: dict) -> str:
     if report.get("command"):
         header += (f" Made by `OMP_NUM_THREADS={s['threads']} {report['command']}` in "
                    f"{report.get('seconds', 0) / 60:.0f} minutes.")  # fmt: skip
-    commits = m.get("commits") or ([m["commit"]] if m.get("commit") else [])
+    commits = commits_of(m)
     if commits:  # reports made before the commit was recorded have none
         header += f" Code: commit {', '.join(c[:7] + ('+dirty' if c.endswith('+dirty') else '') for c in commits)}."
     lines = [
