@@ -37,7 +37,7 @@ STARTUP_VARIABLES = ("PYTHON", "TORCH", "CUDA", "OMP_", "MKL_", "LD_", "KMP_")
 # fork one child per request line {option: -m or -c, target: the module or code, argv, cwd, env, stdin, stdout,
 # stderr}; reply {pid}, then {status}
 SERVER = r"""
-import builtins, json, logging, os, runpy, sys, traceback
+import builtins, json, logging, os, runpy, sys
 
 # fairseq's modules call logging.basicConfig when imported (stderr, DEBUG): where a command configures logging
 # first (fairseq-train: stdout) those calls do nothing, where it does not (fairseq-generate) they set it up. So
@@ -87,7 +87,7 @@ def child(r):
             print(stop.code, file=sys.stderr)
             code = 1
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # as the interpreter reports an uncaught exception (the plugin sets a hook)
         code = 1
     return code
 

@@ -32,7 +32,8 @@ from fairseq_plugins.validation import (
     check_int,
 )
 
-from .helpers import REPO, TinyTask, parse_model_args, run, train_command
+from .forkserver import run_forked
+from .helpers import REPO, TinyTask, parse_model_args, train_command
 
 SHAPE = ["--encoder-layers", "3", "--decoder-layers", "2"]  # unequal: T-Fixup's --tfixup-decoder-depth shows
 
@@ -258,7 +259,7 @@ def test_the_guidance_criterion_refuses_a_model_without_guidance_when_it_is_buil
 
 def test_the_guidance_criterion_on_a_model_without_guidance_exits_1_with_one_line(corpus_bin, tmp_path):
     extra = ["--criterion", "label_smoothed_cross_entropy_with_guidance"]
-    proc = run(train_command(corpus_bin, tmp_path, "transformer_preln_e6d6", extra=extra), check=False)
+    proc = run_forked(train_command(corpus_bin, tmp_path, "transformer_preln_e6d6", extra=extra), check=False)
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert len(errors) == 1 and "needs a model with a guidance_loss" in errors[0] and "Traceback" not in proc.stderr

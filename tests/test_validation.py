@@ -2,15 +2,13 @@
 and an uncaught option error ending the program with its message, not a traceback."""
 
 import math
-import os
-import subprocess
 import sys
 
 import pytest
 
 from fairseq_plugins.validation import PluginOptionError, check_float, check_int
 
-from .helpers import REPO
+from .forkserver import run_forked
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -45,8 +43,8 @@ RAISE = "import fairseq_plugins; from fairseq_plugins.validation import PluginOp
 
 @pytest.mark.parametrize(("variable", "traceback"), [("", False), ("1", True)])
 def test_an_uncaught_option_error_ends_with_its_message(variable, traceback):
-    env = {**os.environ, "FAIRSEQ_PLUGINS_TRACEBACK": variable, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", RAISE], check=False, capture_output=True, text=True, env=env, cwd=REPO)
+    # a fork of the fork server: a process that imports the plugin as a new interpreter does, without torch's start-up
+    done = run_forked([sys.executable, "-c", RAISE], env={"FAIRSEQ_PLUGINS_TRACEBACK": variable}, check=False)
     assert done.returncode == 1
     assert ("Traceback" in done.stderr) is traceback
     assert "python: error: --x bad" in done.stderr or traceback
