@@ -74,3 +74,28 @@ def choice_sample() -> list[dict[str, str]]:
         return working()
     star = one_choice_each()
     return star + [c for c in covering_sample() if c not in star]
+
+
+def family_settings(family: str) -> set[tuple[str, str]]:
+    """What a preset family sets: its legacy model's axis defaults and its rows' settings (models/families.py)."""
+    from fairseq_plugins.models import PRESETS
+    from fairseq_plugins.models.families import FAMILIES
+
+    preset = next(p for p in PRESETS.values() if p.family == family)
+    return {(k, str(v)) for k, v in {**FAMILIES.get(preset.model, {}), **preset.settings}.items()}
+
+
+def choice_families(families) -> list[str]:
+    """``families`` (preset family names, in their order) but those whose every setting the ones kept before them
+    hold, taking the fewest settings first: a combination of choices each measured alone (families.COMBINATIONS,
+    e.g. tfixup_kq = tfixup's wiring + crossformer_hg's key-query tying) runs no module of its own. Every family
+    with ALL_FAMILIES=1."""
+    families = list(families)
+    if os.environ.get("ALL_FAMILIES") == "1":
+        return families
+    held, kept = set(), set()
+    for family in sorted(families, key=lambda f: len(family_settings(f))):  # sorted is stable: table order next
+        if not family_settings(family) <= held:
+            kept.add(family)
+            held |= family_settings(family)
+    return [f for f in families if f in kept]

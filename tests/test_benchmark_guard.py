@@ -9,7 +9,10 @@ and the ratio of process CPU times are all below the bound, in a screening measu
 to agree, as before, plus the screen: never more likely on noise; the screen is the warm-up and one timed round,
 2 of the 5 passes: a gross slowdown is below its bound in any round, and only a flagged family pays for more.)
 Families are discovered from the preset table, so a family added later is guarded as soon as it registers;
-the families named in GUARDED are skipped until they exist. At tiny width a step is mostly fixed per-layer
+the families named in GUARDED are skipped until they exist. CI measures every family but those whose settings are
+all held by other measured families (families.COMBINATIONS' rows of choices measured alone, e.g. tfixup_kq =
+tfixup's wiring + crossformer_hg's key-query tying): such a family runs no module of its own, so a gross slowdown in
+its code is one in a measured family's; ALL_FAMILIES=1 measures every family. At tiny width a step is mostly fixed per-layer
 overhead, so a family's ratios here are lower than at real sizes (the bounds are for gross regressions
 only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
 """
@@ -27,6 +30,7 @@ from fairseq_plugins.models.families import NEW_IDEAS
 from scripts.benchmark.bench_families import namespace_to_config
 from scripts.study.study_common import git_commit
 
+from .grid_sample import choice_families
 from .helpers import REPO, load_script
 
 # the families the project plans, guarded once registered; plus whatever else the preset table holds
@@ -54,7 +58,11 @@ def _load_benchmark():
 
 benchmark = _load_benchmark()
 REGISTERED = [f for f in benchmark.registered_families() if f"{f}_iwslt_e6d6" in benchmark.PRESETS]
-FAMILIES = list(dict.fromkeys([*GUARDED, *(f for f in REGISTERED if f != "transformer_postln")]))
+ALL = list(dict.fromkeys([*GUARDED, *(f for f in REGISTERED if f != "transformer_postln")]))
+
+
+# every family but a combination of choices that other measured families hold (tests/grid_sample.py)
+FAMILIES = [*(f for f in ALL if f not in REGISTERED), *choice_families(f for f in ALL if f in REGISTERED)]
 
 
 # the tests of the report's structure (no timed assertion): one round without warm-up, of the smallest models
@@ -177,12 +185,20 @@ def test_the_report_is_moved_into_place_only_when_written_whole(tmp_path):
     assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["benchmark.md"]
 
 
-def test_families_are_measured_in_groups_each_against_its_own_baseline(tmp_path):
-    """--group-size bounds the models alive at once (every family at E12D12 in one line-up took 19 GB)."""
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """A run of three families in groups of two (the merge test's first run too): its exit status and JSON."""
+    out = tmp_path_factory.mktemp("grouped") / "r.json"
     argv = [*STRUCTURE, "--group-size", "2",
-            "--family", "residual", "--family", "dca", "--family", "rezero", "--json", str(tmp_path / "r.json")]
-    assert benchmark.main(argv) == 0
-    report = json.loads((tmp_path / "r.json").read_text())
+            "--family", "residual", "--family", "dca", "--family", "rezero", "--json", str(out)]
+    return benchmark.main(argv), out
+
+
+def test_families_are_measured_in_groups_each_against_its_own_baseline(grouped):
+    """--group-size bounds the models alive at once (every family at E12D12 in one line-up took 19 GB)."""
+    status, out = grouped
+    assert status == 0
+    report = json.loads(out.read_text())
     assert [(r["depth"], r["group"], list(r["families"])) for r in report["results"]] == [
         ("e6d6", 1, ["residual", "dca"]), ("e6d6", 2, ["rezero"])]
     assert all(r["baseline"]["train_tokens_per_s"]["median"] > 0 for r in report["results"])
@@ -194,16 +210,18 @@ def test_families_are_measured_in_groups_each_against_its_own_baseline(tmp_path)
     assert {v["target"]["family"] for v in report["targets"]} == {"residual", "dca", "rezero"}
 
 
-def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_path, capsys):
+def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(grouped, tmp_path, capsys):
+    """The grouped run above (its group size is free to differ) and a run of one more family merge as the groups
+    of one run."""
     merge = load_script("scripts/benchmark/bench_merge.py", "bench_merge")
-    tiny = STRUCTURE
-    for name, family in (("a", "residual"), ("b", "rezero")):
-        assert benchmark.main([*tiny, "--family", family, "--json", str(tmp_path / f"{name}.json")]) == 0
+    (tmp_path / "a.json").write_bytes(grouped[1].read_bytes())
+    assert benchmark.main([*STRUCTURE, "--family", "layerscale", "--json", str(tmp_path / "b.json")]) == 0
     out = tmp_path / "merged.json"
     assert merge.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(out)]) == 0
     merged = json.loads(out.read_text())
-    assert [(r["group"], list(r["families"])) for r in merged["results"]] == [(1, ["residual"]), (2, ["rezero"])]
-    assert {v["target"]["family"] for v in merged["targets"]} == {"residual", "rezero"}
+    assert [(r["group"], list(r["families"])) for r in merged["results"]] == [
+        (1, ["residual", "dca"]), (2, ["rezero"]), (3, ["layerscale"])]
+    assert {v["target"]["family"] for v in merged["targets"]} == {"residual", "dca", "rezero", "layerscale"}
     assert merged["command"].count("scripts.benchmark.benchmark") == 2
     assert merged["machine"]["commits"] == [git_commit(REPO)]  # both runs' code, once
     other = json.loads((tmp_path / "b.json").read_text())
@@ -211,7 +229,7 @@ def test_runs_merge_into_one_report_as_groups_and_mismatches_are_refused(tmp_pat
     (tmp_path / "c.json").write_text(json.dumps(other))
     (tmp_path / "d.json").write_text(json.dumps({"settings": other["settings"] | {"rounds": 1}, "results": [{}],
                                                  "machine": {}}))
-    for bad, message in ((["a.json", "c.json"], "setting rounds is 5"), (["a.json", "a.json"], "residual: measured in more"),
+    for bad, message in ((["a.json", "c.json"], "setting rounds is 5"), (["a.json", "a.json"], "dca, residual, rezero: measured in more"),
                          (["a.json", "missing.json"], "not a readable JSON report"), (["a.json", "d.json"], "not a complete")):
         with pytest.raises(SystemExit) as exit_:
             merge.main([str(tmp_path / name) for name in bad])

@@ -126,6 +126,9 @@ def test_preset_builds_todays_parameters_and_initial_weights(arch):
         f"{arch} was a named architecture at 8302f79 and must stay one"
     )
     model = build_model(arch)
+    # its named number of layers (tests/test_presets.py builds one depth of a kind per family, the others here)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (
+        PRESETS[arch].encoder_layers, PRESETS[arch].decoder_layers)  # fmt: skip
     got, expected = fingerprint(model), FINGERPRINTS["presets"][arch]
     assert got["names_shapes"] == expected["names_shapes"]
     if _changed(arch):

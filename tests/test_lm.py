@@ -1,6 +1,9 @@
 """Every family as a decoder-only language model, in process: build, one training step, incremental == full
 decoding, fairseq's eval-lm perplexity, and sampling / beam search through the hub interface. The families come
-from the translation preset table, so a family registered later joins these tests by itself."""
+from the translation preset table, so a family registered later joins these tests by itself; CI runs every family
+but a combination of choices other families hold (tests/grid_sample.py's choice_families: its layers are theirs),
+every family with ALL_FAMILIES=1. The tests that leave the model as it is (decoding, eval-lm, the hub's checkpoint)
+share one build per family; the training step builds its own."""
 
 import math
 
@@ -12,6 +15,7 @@ from fairseq_cli.eval_lm import eval_lm
 from fairseq_plugins.lm import LM_FAMILIES
 from fairseq_plugins.lm.scoring import perplexity, sentence_log_likelihoods
 
+from .grid_sample import choice_families
 from .lm_helpers import (
     assert_incremental_equals_full,
     binarize_lm,
@@ -21,7 +25,7 @@ from .lm_helpers import (
     train_batch,
 )
 
-FAMILIES = sorted(LM_FAMILIES)
+FAMILIES = choice_families(sorted(LM_FAMILIES))
 # training options a family needs beyond the defaults (its own criterion)
 TRAIN_ARGS = {"crossformer_sg": ["--criterion", "label_smoothed_cross_entropy_with_guidance"]}
 
@@ -30,6 +34,19 @@ TRAIN_ARGS = {"crossformer_sg": ["--criterion", "label_smoothed_cross_entropy_wi
 def lm_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_corpus")
     return binarize_lm(make_lm_corpus(root / "raw"), root / "bin")
+
+
+@pytest.fixture(scope="module")
+def built_lms(lm_bin):
+    """family -> (model in eval mode, task, args), built once for the tests that do not change the model."""
+    cache: dict[str, tuple] = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = build_lm(lm_bin, arch(family))
+        return cache[family]
+
+    return get
 
 
 def arch(family: str) -> str:
@@ -57,14 +74,14 @@ def test_training_step_is_finite(family, lm_bin):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_incremental_decoding_equals_full(family, lm_bin):
-    model, task, _ = build_lm(lm_bin, arch(family))
+def test_incremental_decoding_equals_full(family, built_lms):
+    model, task, _ = built_lms(family)
     assert_incremental_equals_full(model, task)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_eval_lm_perplexity_is_finite(family, lm_bin):
-    model, task, _ = build_lm(lm_bin, arch(family))
+def test_eval_lm_perplexity_is_finite(family, built_lms):
+    model, task, _ = built_lms(family)
     task.load_dataset("valid")
     itr = task.eval_lm_dataloader(task.dataset("valid"), max_tokens=512, num_workers=0)
     result = eval_lm([model], task.source_dictionary, itr)
@@ -77,8 +94,8 @@ def test_eval_lm_perplexity_is_finite(family, lm_bin):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_hub_sample_and_beam(family, lm_bin, tmp_path):
-    model, task, args = build_lm(lm_bin, arch(family))
+def test_hub_sample_and_beam(family, lm_bin, built_lms, tmp_path):
+    model, task, args = built_lms(family)
     save_checkpoint(model, args, tmp_path / "checkpoint.pt")
     hub = TransformerLanguageModel.from_pretrained(str(tmp_path), "checkpoint.pt", data_name_or_path=str(lm_bin))
     loaded = hub.models[0]

@@ -6,7 +6,8 @@ coefficient maths), keyed on storage and version: in a training process every va
 the first one's, so the validation loss in training was not the model's (dynamic HC at E12D12, update 800: 5.09 bits
 against 4.26 for the same checkpoint in a new process). Here each family takes fairseq Adam steps between
 evaluations, switching modes as fairseq's trainer does, and its evaluation (full and incremental) must equal a
-fresh model's with the same state.
+fresh model's with the same state. The models have three layers a side (a first, a middle and a last layer, the
+least every family runs with: what a layer keeps between passes is the same at its preset's six).
 """
 
 import pytest
@@ -17,6 +18,7 @@ from fairseq_plugins.models import PRESETS
 from fairseq_plugins.modules.parameter_cache import ParameterCache
 
 from .forkserver import run_forked
+from .grid_sample import choice_families
 from .helpers import (
     PLUGIN_DIR,
     build_model,
@@ -27,7 +29,13 @@ from .helpers import (
     train_log,
 )
 
-FAMILY_ARCHS = sorted(arch for arch in PRESETS if arch.endswith("_iwslt_e6d6"))
+# every family but a combination of choices other families hold (tests/grid_sample.py: its modules are theirs, so
+# any cache it keeps is theirs); every family with ALL_FAMILIES=1
+FAMILY_ARCHS = sorted(f"{family}_iwslt_e6d6" for family in choice_families(
+    PRESETS[arch].family for arch in PRESETS if arch.endswith("_iwslt_e6d6")))  # fmt: skip
+
+
+LAYERS = ["--encoder-layers", "3", "--decoder-layers", "3"]
 
 
 def _evaluate(model, batch):
@@ -43,7 +51,7 @@ def test_every_family_is_covered():
 
 @pytest.mark.parametrize("arch", FAMILY_ARCHS)
 def test_evaluation_after_fairseq_optimizer_steps_sees_the_trained_parameters(arch):
-    model = build_model(arch)
+    model = build_model(arch, LAYERS)
     batch = random_batch(model)
     _evaluate(model, batch)  # as a first validation: fills whatever the family keeps between passes
     optimizer = Adam(model.parameters(), lr=0.05)
@@ -55,7 +63,7 @@ def test_evaluation_after_fairseq_optimizer_steps_sees_the_trained_parameters(ar
         optimizer.step()
     got_full, got_steps = _evaluate(model, batch)
 
-    fresh = build_model(arch)
+    fresh = build_model(arch, LAYERS)
     fresh.load_state_dict(model.state_dict())
     want_full, want_steps = _evaluate(fresh, batch)
     torch.testing.assert_close(got_full, want_full, rtol=0, atol=0)
@@ -65,7 +73,7 @@ def test_evaluation_after_fairseq_optimizer_steps_sees_the_trained_parameters(ar
 @pytest.mark.parametrize("arch", ["hc_dynamic_iwslt_e6d6", "mhc_iwslt_e6d6", "mhc_lite_iwslt_e6d6"])
 def test_parameter_changes_in_eval_mode_are_seen(arch):
     """Without a mode switch: load_state_dict and in-place edits under no_grad bump version counters."""
-    model, other = build_model(arch), build_model(arch, seed=1)
+    model, other = build_model(arch, LAYERS), build_model(arch, LAYERS, seed=1)
     batch = random_batch(model)
     _evaluate(model, batch)
     model.load_state_dict(other.state_dict())
@@ -75,7 +83,7 @@ def test_parameter_changes_in_eval_mode_are_seen(arch):
             p.mul_(1.5)
         for p in other.parameters():
             p.mul_(1.5)
-    fresh = build_model(arch)
+    fresh = build_model(arch, LAYERS)
     fresh.load_state_dict(other.state_dict())
     torch.testing.assert_close(_evaluate(model, batch), _evaluate(fresh, batch), rtol=0, atol=0)
 

@@ -12,6 +12,7 @@ from fairseq_plugins.modules.grn import GRN
 from fairseq_plugins.validation import PluginOptionError
 
 from .forkserver import run_forked
+from .grid_sample import choice_families
 from .helpers import (
     build_model,
     close_in_bf16,
@@ -25,8 +26,11 @@ from .helpers import (
 # two layers a side: the families' arithmetic at a fraction of the E6D6 cost
 SHALLOW = ["--encoder-layers", "2", "--decoder-layers", "2"]
 BF16 = ["--autocast-dtype", "bfloat16"]
-# one preset per family, the shallowest depth it has (crossformer_all only exists as E16D6)
-FAMILY_ARCHS = sorted({p.family: a for a, p in reversed(PRESETS.items()) if "iwslt" not in a}.values())
+# one preset per family, the shallowest depth it has (crossformer_all only exists as E16D6); every family but a
+# combination of choices other families hold (tests/grid_sample.py: its modules, and what autocast does to them, are
+# theirs), every family with ALL_FAMILIES=1
+_SHALLOWEST = {p.family: a for a, p in reversed(PRESETS.items()) if "iwslt" not in a}
+FAMILY_ARCHS = sorted(_SHALLOWEST[family] for family in choice_families(_SHALLOWEST))
 
 
 def train_updates(model, steps: int = 3) -> list[float]:

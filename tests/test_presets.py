@@ -1,10 +1,14 @@
 """Every named architecture of the plugin: built from the one preset table, shaped as its name says, and
 trainable (forward and backward reach every parameter, as distributed training requires).
 
-Presets as data (issue 54 item 5): every row parses to its preset's shape; one row of each family and depth is
-built at tiny width and has its named number of layers (at tiny width a family's two widths are one model: the
-other row parses to the same arguments); each family trains at its shallowest symmetric depth (E6D6) and its
-shallowest deeper-encoder one (E12D6, or E36D6 for a family with only the kept depths)."""
+Presets as data (issue 54 item 5): every row parses to its preset's shape; each family is built at tiny width,
+has its named number of layers and trains at its shallowest symmetric depth (E6D6) and its shallowest
+deeper-encoder one (E12D6, or E36D6 for a family with only the kept depths). Every other row is checked as data:
+at tiny width a family's two widths are one model (the other row parses to the same arguments), and a row of
+another depth parses to exactly the arguments of its family's built row of the same kind (symmetric or deeper
+encoder) but its layer counts, so it builds the same modules, only more of them (the layer count is the
+arguments' own; every depth between is built alike). tests/test_golden_models.py builds every legacy row of every
+depth besides (its initial weights), and checks its layer counts there."""
 
 import copy
 from argparse import Namespace
@@ -51,28 +55,38 @@ def _twin_key(arch: str) -> tuple:
 BUILT: dict[tuple, str] = {}
 for _arch in sorted(PRESETS, key=lambda a: list(WIDTHS.values()).index(PRESETS[a].width)):
     BUILT.setdefault(_twin_key(_arch), _arch)
-# the rows that train (forward and backward): per family its shallowest symmetric depth and its shallowest
-# deeper-encoder depth (where an encoder layer has no decoder layer of the same index: E12D6 for the seed families,
-# E36D6 for those with only the kept depths); a family of one preset trains that one
+def _deeper_encoder(preset) -> bool:
+    return preset.encoder_layers > preset.decoder_layers
+
+
+# the rows that are built and train (forward and backward): per family its shallowest symmetric depth and its
+# shallowest deeper-encoder depth (where an encoder layer has no decoder layer of the same index: E12D6 for the seed
+# families, E36D6 for those with only the kept depths); a family of one preset trains that one
 TRAINED = set()
 for _family in {p.family for p in PRESETS.values()}:
     _built = sorted((PRESETS[a].encoder_layers, PRESETS[a].decoder_layers, a) for a in BUILT.values()
                     if PRESETS[a].family == _family)  # fmt: skip
-    for _deeper_encoder in (False, True):
-        TRAINED.update([a for e, d, a in _built if (e > d) == _deeper_encoder][:1])
-_TINY_ARGS: dict[str, dict] = {}  # arch -> its parsed tiny-width arguments (a twin reads its built row's)
+    for _deeper in (False, True):
+        TRAINED.update([a for e, d, a in _built if (e > d) == _deeper][:1])
+# arch -> its parsed arguments at tiny width (a twin reads its built row's) and at its own (a row of another depth
+# reads its trained row's)
+_PARSED: dict[tuple[str, bool], dict] = {}
+
+
+def _parsed(arch: str, tiny: bool) -> Namespace:
+    if (arch, tiny) not in _PARSED:
+        _PARSED[arch, tiny] = copy.deepcopy(vars(parse_model_args(arch, tiny=tiny)))
+    return Namespace(**copy.deepcopy(_PARSED[arch, tiny]))
 
 
 def _tiny_args(arch: str) -> Namespace:
-    if arch not in _TINY_ARGS:
-        _TINY_ARGS[arch] = copy.deepcopy(vars(parse_model_args(arch)))
-    return Namespace(**copy.deepcopy(_TINY_ARGS[arch]))
+    return _parsed(arch, tiny=True)
 
 
 @pytest.mark.parametrize("arch", sorted(PRESETS))
 def test_preset_sets_shape_and_builds_at_tiny_width(arch):
     preset = PRESETS[arch]
-    args = parse_model_args(arch, tiny=False)
+    args = _parsed(arch, tiny=False)
     assert (args.encoder_layers, args.decoder_layers) == (preset.encoder_layers, preset.decoder_layers)
     assert args.encoder_embed_dim == args.decoder_embed_dim == preset.width.embed_dim
     assert args.encoder_ffn_embed_dim == args.decoder_ffn_embed_dim == preset.width.ffn_dim
@@ -83,12 +97,17 @@ def test_preset_sets_shape_and_builds_at_tiny_width(arch):
         assert ARCH_MODEL_REGISTRY[arch] is ARCH_MODEL_REGISTRY[built]
         assert vars(_tiny_args(arch)) == {**vars(_tiny_args(built)), "arch": arch}
         return
+    if arch not in TRAINED:  # the family's trained row of the same kind, with this row's depth
+        (trained,) = (a for a in TRAINED if PRESETS[a].family == preset.family
+                      and _deeper_encoder(PRESETS[a]) == _deeper_encoder(preset))  # fmt: skip
+        assert ARCH_MODEL_REGISTRY[arch] is ARCH_MODEL_REGISTRY[trained]
+        depth = {"encoder_layers": preset.encoder_layers, "decoder_layers": preset.decoder_layers}
+        assert vars(args) == {**vars(_parsed(trained, tiny=False)), "arch": arch, **depth}  # the same width
+        return
     torch.manual_seed(0)  # as helpers.build_model, from the arguments parsed once
     model = ARCH_MODEL_REGISTRY[arch].build_model(_tiny_args(arch), TinyTask()).train()
     assert len(model.encoder.layers) == preset.encoder_layers
     assert len(model.decoder.layers) == preset.decoder_layers
-    if arch not in TRAINED:
-        return
     src, lengths, prev = random_batch(model)
     logits, _ = model(src, lengths, prev)
     logits.float().logsumexp(-1).mean().backward()
@@ -139,8 +158,20 @@ def _param_table(argv: list[str], capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_param_table_counts_what_fairseq_builds(tmp_path, capsys):
-    """scripts/analysis/param_table.py (docs/architectures.md's table) reports the parameters of the models fairseq-train builds."""
+def test_param_table_counts_what_fairseq_builds(tmp_path, capsys, monkeypatch):
+    """scripts/analysis/param_table.py (docs/architectures.md's table) reports the parameters of the models fairseq-train
+    builds. The wide layout's run is of the same rows: it reads the first run's counts (each model is built once)."""
+    from .helpers import load_script
+
+    param_table, counted = load_script("scripts/analysis/param_table.py", "param_table"), {}
+
+    def count_once(arch, extra, vocab_size, _count=param_table.count_parameters):
+        key = (arch, tuple(extra), vocab_size)
+        if key not in counted:
+            counted[key] = _count(arch, extra, vocab_size)
+        return counted[key]
+
+    monkeypatch.setattr(param_table, "count_parameters", count_once)
     rows_file = tmp_path / "rows.json"
     out = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--vocab-size", "100",
                         "--json", str(rows_file)], capsys)  # fmt: skip
@@ -156,7 +187,9 @@ def test_param_table_counts_what_fairseq_builds(tmp_path, capsys):
         assert f"`{arch}`" in out
     assert rows["residual_iwslt_e6d6"]["vs_baseline"] == 0
     assert rows["dca_k2_iwslt_e6d6"]["vs_baseline"] > 0
-    wide = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--layout", "wide"],
-                        capsys)  # fmt: skip
+    built = len(counted)
+    wide = _param_table(["--family", "dca_k2", "--family", "residual", "--width", "iwslt", "--vocab-size", "100",
+                         "--layout", "wide"], capsys)  # fmt: skip
+    assert len(counted) == built  # no model counted twice
     assert "| d_model/d_ffn/heads | E/D | dca_k2 | residual |" in wide
     assert wide.count("| 256/1024/4 |") == len(DEPTHS)
