@@ -33,6 +33,24 @@ from .helpers import REPO, run
 # read by the interpreter or by torch at start-up: a command that changes one needs a new interpreter
 STARTUP_VARIABLES = ("PYTHON", "TORCH", "CUDA", "OMP_", "MKL_", "LD_", "KMP_")
 
+# the servers' last import step (in SERVER and SOCKET_SERVER): fairseq's first composition of its config (hydra's
+# compose, in every command's convert_namespace_to_omegaconf) builds its override parser's tables and imports hydra's
+# modules: ~0.8 s of CPU in a command forked cold, ~0.45 s warm (~0.5 s once per server); composed once here, with
+# warnings ignored (none recorded: a command still prints its own) and logging off; a command's composition starts warm
+WARM_UP = """try:
+    import warnings as warm_warnings
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    with warm_warnings.catch_warnings():
+        warm_warnings.simplefilter("ignore")
+        logging.disable(logging.CRITICAL)
+        convert_namespace_to_omegaconf(fairseq.options.parse_args_and_arch(fairseq.options.get_training_parser(),
+                                                                           ["-", "--arch", "transformer", "--cpu"]))
+except Exception:  # a server that cannot compose one starts its commands cold, as before
+    pass
+finally:
+    logging.disable(logging.NOTSET)
+"""
+
 # the server: import the heavy third-party modules (what the plugin and fairseq_cli import, but not they), then
 # fork one child per request line {option: -m or -c, target: the module or code, argv, cwd, env, stdin, stdout,
 # stderr}; reply {pid}, then {status}
@@ -47,7 +65,7 @@ logging.basicConfig = lambda *args, **kwargs: (replay.append((args, kwargs)), ba
 import torch, torch._dynamo, sympy
 import fairseq, fairseq.checkpoint_utils, fairseq.criterions, fairseq.data, fairseq.distributed, fairseq.models
 import fairseq.optim, fairseq.options, fairseq.sequence_generator, fairseq.tasks, fairseq.trainer
-logging.basicConfig = basic_config
+{WARM_UP}logging.basicConfig = basic_config
 logging.root.handlers.clear()
 logging.root.setLevel(logging.WARNING)
 requests, replies = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w")
@@ -123,7 +141,7 @@ for line in requests:
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)  # at the client's end of file: nothing to finalize (~1.5 s of CPU with torch and fairseq imported)
-"""
+""".replace("{WARM_UP}", WARM_UP)
 
 
 def base_env() -> dict[str, str]:
@@ -315,7 +333,7 @@ logging.basicConfig = lambda *args, **kwargs: (replay.append((args, kwargs)), ba
 import torch, torch._dynamo, sympy
 import fairseq, fairseq.checkpoint_utils, fairseq.criterions, fairseq.data, fairseq.distributed, fairseq.models
 import fairseq.optim, fairseq.options, fairseq.sequence_generator, fairseq.tasks, fairseq.trainer
-logging.basicConfig = basic_config
+{WARM_UP}logging.basicConfig = basic_config
 logging.root.handlers.clear()
 logging.root.setLevel(logging.WARNING)
 added_filters = warnings.filters[: len(warnings.filters) - len(initial_filters)]  # what the imports added
@@ -485,11 +503,15 @@ except ChildProcessError:
     pass
 sys.stderr.flush()
 os._exit(0)  # nothing to finalize (~1.5 s of CPU with torch and fairseq imported)
-"""
+""".replace("{WARM_UP}", WARM_UP)
 
-# start-up variables a command and its server may differ in: the shim hands them over (sys.path, the standard
-# streams' buffering, the warning filters)
-_HANDED_OVER = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")
+# start-up variables (names, or a prefix ending in "_") a command and its server may differ in: the shim hands them
+# over (sys.path, the standard streams' buffering, the warning filters); read later than start-up:
+# CUDA_VISIBLE_DEVICES at a process's first CUDA call, which the servers never make (submitit's local jobs set it
+# empty), and torchrun's settings for each rank (TORCHELASTIC_*: its run, its own error file) and
+# TORCH_NCCL_ASYNC_ERROR_HANDLING when the rank starts its process group or fails
+_HANDED_OVER = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
 
 
 class _ShimServer:
@@ -539,7 +561,7 @@ class _Dispatcher:
             threading.Thread(target=self._dispatch, args=(conn,), daemon=True).start()
 
     def _server(self, env: dict) -> _ShimServer | None:
-        startup = {k: v for k, v in env.items() if k.startswith(STARTUP_VARIABLES) and k not in _HANDED_OVER}
+        startup = {k: v for k, v in env.items() if k.startswith(STARTUP_VARIABLES) and not k.startswith(_HANDED_OVER)}
         # MKL reads MKL_NUM_THREADS, else OMP_NUM_THREADS, and so does torch for its thread count: unset, it is
         # OMP_NUM_THREADS's value, and the two start-ups are the same (a study sets both for its runs, the test only
         # OMP_NUM_THREADS for the study: one server for the two instead of two)
@@ -548,7 +570,7 @@ class _Dispatcher:
         key = tuple(sorted(startup.items()))
         with self.lock:
             if key not in self.servers:
-                server_env = {k: v for k, v in env.items() if k not in _HANDED_OVER and k != SHIM_VARIABLE}
+                server_env = {k: v for k, v in env.items() if not k.startswith(_HANDED_OVER) and k != SHIM_VARIABLE}
                 self.servers[key] = _ShimServer(server_env, os.path.join(self.dir, "servers.log"))
             server = self.servers[key]
         return server if server.ready and server.proc.poll() is None else None

@@ -1,7 +1,8 @@
 """fairseq's own distributed data parallel training, launched the way a cluster launches it: through
-the command scripts/training/train_recipe.py plans (in-process; one family end to end through recipes/train.sh),
-which starts 2 CPU processes with torchrun (scripts/training/fairseq_rank.py, gloo) exactly as it starts
-NUM_GPUS processes per node on GPUs. For every family, the losses match a
+the command scripts/training/train_recipe.py plans (in-process; one family end to end through recipes/train.sh,
+its Python processes forked from a pre-imported interpreter: tests/forkserver.py's shim), which starts 2 CPU
+processes with torchrun (scripts/training/fairseq_rank.py, gloo) exactly as it starts NUM_GPUS processes per node
+on GPUs. For every family, the losses match a
 single-process run of the same recipe over the same total batch (the recipe itself splits 1,000 tokens per
 update into 2 x 500 x update-freq 1 and 1 x 500 x update-freq 2), which also shows that no gradient is lost or
 counted twice (tied weights, extra modules). The same for the first two combinations of the covering sample of the
@@ -20,6 +21,7 @@ import pytest
 
 from scripts.training import train_recipe
 
+from .forkserver import forked_python_modules
 from .grid_sample import axis_flags, combo_id, family_choices, grid_sample
 from .helpers import REPO, TINY, run, train_log, trained_families
 from .one_process import MARK, Run
@@ -163,8 +165,11 @@ def test_two_process_ddp_through_the_recipe_matches_single_process(id_, arch, ax
     if arch == FULL_RECIPE_ARCH:  # one family end to end through recipes/train.sh: same command, manifest
         env = {"RECIPE_PYTHON": sys.executable, "NUM_GPUS": "0", "CPU_PROCS": "2", "TOKENS_PER_UPDATE": "1000",
                "MAX_TOKENS": "500", "MAX_UPDATE": str(UPDATES), "SAVE_DIR": str(tmp_path / "ddp")}  # fmt: skip
-        ddp_out = run(["bash", REPO / "recipes" / "train.sh", arch, recipe_data, "--", *PASSTHROUGH], env=env,
-                      timeout=300).stdout  # fmt: skip
+        # the recipe's Python processes (train_recipe, then torchrun's two fairseq_rank processes) forked from one
+        # pre-imported interpreter (tests/forkserver.py's shim): one start-up instead of three; torchrun is its own
+        with forked_python_modules():
+            ddp_out = run(["bash", REPO / "recipes" / "train.sh", arch, recipe_data, "--", *PASSTHROUGH], env=env,
+                          timeout=300).stdout  # fmt: skip
         manifest = json.loads((tmp_path / "ddp" / "train_setup.json").read_text(encoding="utf-8"))
         assert manifest["command"] == ddp.command and manifest["tokens_per_update"] == 1000
         assert manifest["values"]["lr"]["source"].startswith("CPU-scale") and manifest["launcher"] == "torchrun"

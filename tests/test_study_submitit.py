@@ -170,10 +170,11 @@ def test_stopping_the_study_cancels_its_jobs(data_bin, tmp_path):
     runs, also where a background shell started the study with SIGINT ignored (the jobs inherit that)."""
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RECIPE_PYTHON": sys.executable,
-           **_env(data_bin, out, EXECUTOR="submitit-local", SEEDS="1", MAX_UPDATE="100000", VALID_EVERY="1000")}  # fmt: skip
+           **_env(data_bin, out, EXECUTOR="submitit-local", SEEDS="1", MAX_UPDATE="100000")}  # fmt: skip
     # trap '' INT: SIGINT ignored, as in a script's background job; the recipe execs the study in the same process
     proc = subprocess.Popen(["bash", "-c", f"trap '' INT; exec bash {REPO / 'recipes' / 'study.sh'}"], cwd=REPO, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    # both jobs' fairseq-train running (VALID_EVERY=2: a train_inner record at every update, from the first on)
     deadline = time.time() + 600
     while time.time() < deadline and sum("| train_inner |" in p.read_text() for p in out.glob("runs/*/train.log")) < 2:
         time.sleep(0.2)
