@@ -4,6 +4,7 @@ axis appears at least once, beside what the test already covers (e.g. CI's train
 need no second run). Greedy set cover in the grid's enumeration order, so the sample only changes when the axes
 do (a new choice adds at most one combination)."""
 
+import functools
 import os
 
 from fairseq_plugins.axes.grid import AXES, combinations, refusal
@@ -43,6 +44,23 @@ def family_choices(archs) -> set[tuple[str, str]]:
     from .helpers import parse_model_args
 
     return set().union(*(choices_of(vars(parse_model_args(arch))) for arch in archs))
+
+
+@functools.cache
+def options_beside_the_axes(arch: str) -> dict[str, tuple] | None:
+    """The model options preset ``arch`` sets otherwise than ``residual_axes`` with the same axis choices and depth
+    ({option: (the preset's value, residual_axes's)}: value_residual's ``--value-residual``, hybridnorm_star's
+    ``--hybrid-first-layer``, crossformer_sg's soft guidance; {} for a preset that sets only axis choices, whatever
+    its model), None for a model without the axes (fairseq's transformer)."""
+    from .helpers import parse_model_args
+
+    preset = vars(parse_model_args(arch))
+    if not all(axis in preset for axis in AXES):
+        return None
+    depth = ["--encoder-layers", str(preset["encoder_layers"]), "--decoder-layers", str(preset["decoder_layers"])]
+    axes = vars(parse_model_args("residual_axes", depth + axis_flags({axis: preset[axis] for axis in AXES})))
+    differ = (preset.keys() | axes.keys()) - {"arch", "_name"}
+    return {k: (preset.get(k), axes.get(k)) for k in sorted(differ) if preset.get(k) != axes.get(k)}
 
 
 def axis_flags(combo: dict[str, str]) -> list[str]:

@@ -19,7 +19,6 @@ from fairseq_plugins.models import PRESETS
 from fairseq_plugins.validation import PluginOptionError
 
 from .equations import attention, ffn, layer_norm
-from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -399,13 +398,30 @@ def test_named_architectures():
 # ------------------------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.parametrize("arch", ["denseformer_e12d6", "hc_dynamic_e6d6"])
-def test_train_then_generate_translates_every_sentence(arch, corpus_bin, tmp_path):
-    run_forked(train_command(corpus_bin, tmp_path, arch, max_update=2))
+END_TO_END = ["denseformer_e12d6", "hc_dynamic_e6d6"]
+
+
+@pytest.fixture(scope="module")
+def generated(corpus_bin, tmp_path_factory, in_one_forked_process):
+    """arch -> fairseq-generate's run on its checkpoint after 2 updates of fairseq-train: every training in one
+    process, then every decoding in a second, which reads only the checkpoints (tests/one_process.py, forked from
+    the fork server: conftest.py in_one_forked_process), instead of a process per command."""
+    root = tmp_path_factory.mktemp("end_to_end")
+    trains = [("train", train_command(corpus_bin, root / arch, arch, max_update=2)[3:]) for arch in END_TO_END]
     # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is translated)
-    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", ["--max-len-a", "1", "--max-len-b", "5"]))
-    assert sorted(hypotheses(proc.stdout)) == list(range(21))
-    assert "Translated 21 sentences" in proc.stdout + proc.stderr
+    limits = ["--max-len-a", "1", "--max-len-b", "5"]
+    decodes = [("generate", generate_command(corpus_bin, root / arch / "checkpoint_last.pt", limits)[3:]) for arch in END_TO_END]
+    trained = dict(zip(END_TO_END, in_one_forked_process(trains), strict=True))
+    return {arch: (trained[arch], run) for arch, run in zip(END_TO_END, in_one_forked_process(decodes), strict=True)}
+
+
+@pytest.mark.parametrize("arch", END_TO_END)
+def test_train_then_generate_translates_every_sentence(arch, generated):
+    trained, decoded = generated[arch]
+    trained.check()
+    output = decoded.check().output
+    assert sorted(hypotheses(output)) == list(range(21))
+    assert "Translated 21 sentences" in output
 
 
 def test_half_precision_forward_matches_float32_at_init():

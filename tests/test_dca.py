@@ -15,7 +15,6 @@ from fairseq_plugins.modules.grn import GRNv1, GRNv2, GRNv3, count_grn_parameter
 from fairseq_plugins.validation import PluginOptionError
 
 from .equations import attention, ffn, layer_norm
-from .forkserver import run_forked
 from .helpers import (
     TinyTask,
     build_model,
@@ -414,10 +413,27 @@ def test_grn_parameters_are_a_negligible_addition(arch, grn_params):
 # ------------------------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.parametrize("arch", ["dca_e18d18", "dca_k2_e36d6"])
-def test_train_then_generate_translates_every_sentence(arch, corpus_bin, tmp_path):
-    run_forked(train_command(corpus_bin, tmp_path, arch, max_update=2))
+END_TO_END = ["dca_e18d18", "dca_k2_e36d6"]
+
+
+@pytest.fixture(scope="module")
+def generated(corpus_bin, tmp_path_factory, in_one_forked_process):
+    """arch -> fairseq-generate's run on its checkpoint after 2 updates of fairseq-train: every training in one
+    process, then every decoding in a second, which reads only the checkpoints (tests/one_process.py, forked from
+    the fork server: conftest.py in_one_forked_process), instead of a process per command."""
+    root = tmp_path_factory.mktemp("end_to_end")
+    trains = [("train", train_command(corpus_bin, root / arch, arch, max_update=2)[3:]) for arch in END_TO_END]
     # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is translated)
-    proc = run_forked(generate_command(corpus_bin, tmp_path / "checkpoint_last.pt", ["--max-len-a", "1", "--max-len-b", "5"]))
-    assert sorted(hypotheses(proc.stdout)) == list(range(21))
-    assert "Translated 21 sentences" in proc.stdout + proc.stderr
+    limits = ["--max-len-a", "1", "--max-len-b", "5"]
+    decodes = [("generate", generate_command(corpus_bin, root / arch / "checkpoint_last.pt", limits)[3:]) for arch in END_TO_END]
+    trained = dict(zip(END_TO_END, in_one_forked_process(trains), strict=True))
+    return {arch: (trained[arch], run) for arch, run in zip(END_TO_END, in_one_forked_process(decodes), strict=True)}
+
+
+@pytest.mark.parametrize("arch", END_TO_END)
+def test_train_then_generate_translates_every_sentence(arch, generated):
+    trained, decoded = generated[arch]
+    trained.check()
+    output = decoded.check().output
+    assert sorted(hypotheses(output)) == list(range(21))
+    assert "Translated 21 sentences" in output

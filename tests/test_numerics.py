@@ -5,18 +5,57 @@ for fp16 (0.05, the authors' value).
 The matrix products run through ``Float32Accumulation``: the CPU's float16 GEMM is a scalar fallback (10 ms a
 weight gradient at width 512, 95% of a test's time) that accumulates in float32 and rounds once to float16; the
 mode computes exactly that (float16 inputs, a float32 product, one rounding to float16) with the vectorised float32
-GEMM, so every value the assertions see is a float16 value computed as before, an overflow still an inf."""
+GEMM, so every value the assertions see is a float16 value computed as before, an overflow still an inf.
+
+CI checks every axis choice once, not every family (issue 54 item 5; every family with ALL_FAMILIES=1): the families
+whose numerics no combination of ``residual_axes`` computes (fairseq's transformer, a preset that sets a model option
+beside the axes: tests/grid_sample.py options_beside_the_axes, a family with fp16 options of its own: FP16_MODEL_ARGS),
+then ``residual_axes`` at the same depth and width on the combinations of the covering sample (grid_sample.py) that
+hold every axis choice those families do not. Every other family has the arguments of ``residual_axes`` with its axis
+choices (options_beside_the_axes is {}) and a model that is ``residual_axes`` or an alias class of it adding only an
+architecture function (families.py ``_register_alias``), so it builds ``residual_axes``'s modules with choices the
+run set holds: each choice's float16 arithmetic at E36D6 is checked, and the residual choice ``post``, which no
+family makes, besides."""
+
+import os
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_plugins.models import PRESETS
+from fairseq_plugins.models.axes_transformer import MODEL
 
+from .grid_sample import (
+    axis_flags,
+    choices_of,
+    combo_id,
+    covering_sample,
+    family_choices,
+    options_beside_the_axes,
+    working,
+)
 from .helpers import build_model, random_batch
 
 FP16_MODEL_ARGS = {"residual": ["--dual-residual-scale", "0.05"]}
-ARCHS = sorted(a for a, p in PRESETS.items() if a == f"{p.family}_iwslt_e36d6")
+ALL_ARCHS = sorted(a for a, p in PRESETS.items() if a == f"{p.family}_iwslt_e36d6")
+
+
+def own_numerics(arch: str) -> bool:
+    """Whether no combination of residual_axes builds the modules of preset ``arch``."""
+    return options_beside_the_axes(arch) != {} or PRESETS[arch].family in FP16_MODEL_ARGS
+
+
+ARCHS = ALL_ARCHS if os.environ.get("ALL_FAMILIES") == "1" else [a for a in ALL_ARCHS if own_numerics(a)]
+# the combinations holding every axis choice those families do not, at their depth and width (IWSLT E36D6)
+COMBOS = covering_sample(covered=family_choices(a for a in ARCHS if options_beside_the_axes(a) is not None))
+_SHAPE = PRESETS[ALL_ARCHS[0]]
+SHAPE = [f for side in ("encoder", "decoder") for f in (
+    f"--{side}-layers", str(getattr(_SHAPE, f"{side}_layers")), f"--{side}-embed-dim", str(_SHAPE.width.embed_dim),
+    f"--{side}-ffn-embed-dim", str(_SHAPE.width.ffn_dim), f"--{side}-attention-heads", str(_SHAPE.width.heads))]  # fmt: skip
+# id -> (arch, model options)
+MODELS = {**{a: (a, FP16_MODEL_ARGS.get(PRESETS[a].family, [])) for a in ARCHS},
+          **{f"{MODEL}:{combo_id(c)}": (MODEL, SHAPE + axis_flags(c)) for c in COMBOS}}  # fmt: skip
 GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
          torch.ops.aten.baddbmm.default}  # fmt: skip
 
@@ -46,10 +85,18 @@ def test_the_mode_rounds_as_the_float16_gemm_does():
     assert all(t.dtype == torch.half for t in got) and not got[2].any() and torch.isinf(got[3]).all()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_e36d6_forward_backward_in_half_precision(arch):
-    family = PRESETS[arch].family
-    model = build_model(arch, FP16_MODEL_ARGS.get(family, []), tiny=False).half().train()
+def test_the_run_set_holds_every_axis_choice_at_e36d6():
+    assert all(PRESETS[a].encoder_layers == 36 and PRESETS[a].decoder_layers == 6 for a in ALL_ARCHS)
+    assert len({PRESETS[a].width for a in ALL_ARCHS}) == 1  # the combinations' SHAPE is every family's
+    assert {"transformer_preln_iwslt_e36d6", "residual_iwslt_e36d6", "value_residual_iwslt_e36d6"} <= set(ARCHS)
+    held = family_choices(a for a in ARCHS if options_beside_the_axes(a) is not None) | set().union(*map(choices_of, COMBOS))
+    assert held >= set().union(*map(choices_of, working()))  # every choice of the grid, the families' among them
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_e36d6_forward_backward_in_half_precision(name):
+    arch, extra = MODELS[name]
+    model = build_model(arch, extra, tiny=False).half().train()
     src, lengths, prev = random_batch(model, batch=4, src_len=12, tgt_len=10)
     with Float32Accumulation():
         logits, _ = model(src, lengths, prev)

@@ -6,6 +6,7 @@ declares in ``scripts``), over each choice alone and a sample of combinations (t
 with ALL_FAMILIES=1)."""
 
 import io
+import os
 
 import pytest
 import torch
@@ -24,6 +25,13 @@ ARCHS = ["residual_e6d6", "crossformer_sg_e6d6", "crossformer_hg_e6d6", "crossfo
          "dca_k2_e6d6", "transformer_preln_e6d6", "deepnet_e6d6", "tfixup_e6d6", "normformer_fairseq", "admin_e6d6",
          "b2t_e6d6", "normformer_e6d6", "denseformer_e6d6", "dlcl_e6d6", "laurel_rw_e6d6", "laurel_lr_e6d6",
          "laurel_pa_e6d6", "hc_static_e6d6", "hc_dynamic_e6d6"]  # fmt: skip
+# every crossformer_hg arch is built with every block tied (--tying all) at SHAPE's depth: crossformer_all_e16d6 (the
+# crossformer_hg model with the preset default --tying all) is then crossformer_hg_e6d6's model, argument for argument
+# and weight for weight (test_same_model_as_crossformer_hg_tied_everywhere), so CI scripts it once (both with
+# ALL_FAMILIES=1)
+SAME_AS = {"crossformer_all_e16d6": "crossformer_hg_e6d6"}
+if os.environ.get("ALL_FAMILIES") != "1":
+    ARCHS = [a for a in ARCHS if a not in SAME_AS]
 # 3 + 3 layers: odd and even t for Crossformer's pairs, and a middle layer for k-DCA
 SHAPE = ["--encoder-layers", "3", "--decoder-layers", "3"]
 
@@ -103,15 +111,31 @@ def check_scripts_or_refuses(model, task, refuses: str | None, script_generator:
         )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
-    task = TinyTask()
+def arch_and_options(arch: str) -> tuple[str, list[str]]:
     # every block guided (soft, crossformer_sg) or tied (hard, crossformer_hg and crossformer_all)
     extra = ["--guidance" if arch.startswith("crossformer_sg") else "--tying", "all"] if arch.startswith("crossformer") else []
     if arch == "normformer_fairseq":
         arch, extra = "normformer_e6d6", ["--normformer-impl", "fairseq"]
-    model = build_model(arch, SHAPE + extra, task=task)
-    check_scripts_or_refuses(model, task, None if extra else refusal_of(model))
+    return arch, SHAPE + extra
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scripted_model_and_generator_translate_like_the_eager_model(arch):
+    task = TinyTask()
+    arch, options = arch_and_options(arch)
+    model = build_model(arch, options, task=task)
+    check_scripts_or_refuses(model, task, None if options != SHAPE else refusal_of(model))
+
+
+@pytest.mark.parametrize("arch", sorted(SAME_AS))
+def test_same_model_as_crossformer_hg_tied_everywhere(arch):
+    """The arch CI leaves to another's test builds that arch's model: same class, arguments and weights."""
+    (a, a_options), (b, b_options) = arch_and_options(arch), arch_and_options(SAME_AS[arch])
+    task = TinyTask()
+    model, other = build_model(a, a_options, task=task), build_model(b, b_options, task=task)
+    assert type(model) is type(other) and vars(model.args) == {**vars(other.args), "arch": a}
+    x, y = model.state_dict(), other.state_dict()
+    assert list(x) == list(y) and all(torch.equal(x[k], y[k]) for k in x)
 
 
 def test_every_axis_choice_states_what_torchscript_does():
