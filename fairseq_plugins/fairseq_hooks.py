@@ -86,16 +86,24 @@ def plugin_model(name) -> bool:
 
 
 @functools.cache
-def known_option_names() -> frozenset[str]:
-    """Every option name fairseq or a registered component (the plugin's models included) can read: the component
-    choices, the fields of fairseq's config groups and of every registered dataclass, and what each registered model's and task's
-    ``add_args`` declares (about a second, once per process, only when a checkpoint is loaded with overrides)."""
+def _config_option_names() -> frozenset[str]:
+    """The option names of fairseq's config: its groups' fields, the component choices (task, criterion, optimizer,
+    ...: fairseq-validate overrides task), --arch, and the fields of every registered dataclass, the tasks' and
+    models' among them (milliseconds: every option of fairseq's own command lines is here)."""
     names = {field.name for group in dataclasses.fields(FairseqConfig) if dataclasses.is_dataclass(group.type)
              for field in dataclasses.fields(group.type)}  # fmt: skip
-    # the component choices (task, criterion, optimizer, ...: fairseq-validate overrides task) and --arch
     names.update(["arch", *(group.name for group in dataclasses.fields(FairseqConfig))])
-    for table in registry.REGISTRIES.values():
-        names.update(field.name for config in table["dataclass_registry"].values() for field in dataclasses.fields(config))
+    configs = [*(c for table in registry.REGISTRIES.values() for c in table["dataclass_registry"].values()),
+               *tasks.TASK_DATACLASS_REGISTRY.values(), *models.MODEL_DATACLASS_REGISTRY.values()]  # fmt: skip
+    names.update(field.name for config in configs for field in dataclasses.fields(config))
+    return frozenset(names)
+
+
+@functools.cache
+def _add_args_option_names() -> frozenset[str]:
+    """What each registered model's and task's ``add_args`` declares (the plugin's models among them): ~0.5 s, so
+    looked up only for an override the config's names do not hold."""
+    names = set()
     for cls in {*models.MODEL_REGISTRY.values(), *tasks.TASK_REGISTRY.values()}:
         parser = argparse.ArgumentParser(conflict_handler="resolve", add_help=False)
         cls.add_args(parser)
@@ -103,12 +111,21 @@ def known_option_names() -> frozenset[str]:
     return frozenset(names)
 
 
+def known_option_names() -> frozenset[str]:
+    """Every option name fairseq or a registered component (the plugin's models included) can read: the config's
+    names and what each registered model's and task's ``add_args`` declares."""
+    return _config_option_names() | _add_args_option_names()
+
+
 def check_override_names(args) -> None:
     """Refuse an override of a checkpoint's options (validation.STORED_ARGS) that names no option at all."""
     overrides = set(getattr(args, STORED_ARGS, None) or ())
-    if not overrides:  # a command line, or a checkpoint loaded as it was: nothing to look up (known_option_names costs ~1 s)
+    if not overrides:  # a command line, or a checkpoint loaded as it was: nothing to look up
         return
-    unknown = sorted(overrides - known_option_names())
+    # the config's names first: fairseq-validate's and fairseq-generate's overrides are among them, and the
+    # models' add_args are read only for a name they do not hold
+    unknown = overrides - _config_option_names()
+    unknown = sorted(unknown - _add_args_option_names()) if unknown else []
     if unknown:
         hints = ", ".join(f"{name!r}{_nearest_in_parentheses(name)}" for name in unknown)
         raise PluginOptionError(

@@ -191,13 +191,22 @@ def test_every_option_of_fairseqs_command_lines_is_a_known_override_name():
                fairseq_options.get_interactive_generation_parser)  # fmt: skip
     dests = {action.dest for get in getters for action in get(default_task="translation")._actions}
     assert dests - {"help"} <= fairseq_hooks.known_option_names()
+    assert dests - {"help"} <= fairseq_hooks._config_option_names()  # found without the models' add_args
 
 
 def test_without_overrides_no_option_names_are_looked_up(monkeypatch):
     """Every plugin model's build passes the check; collecting the names costs about a second of CPU."""
-    monkeypatch.setattr(fairseq_hooks, "known_option_names", lambda: pytest.fail("looked up"))
+    for names in ("_config_option_names", "_add_args_option_names"):
+        monkeypatch.setattr(fairseq_hooks, names, lambda: pytest.fail("looked up"))
     fairseq_hooks.check_override_names(argparse.Namespace())
     fairseq_hooks.check_override_names(argparse.Namespace(plugin_checkpoint_overrides=[]))
+
+
+def test_overrides_of_config_options_read_no_models_add_args(monkeypatch):
+    """fairseq-validate's and fairseq-generate's overrides are config options: the models' add_args (~0.5 s of
+    every such command) are read only for a name the config does not hold."""
+    monkeypatch.setattr(fairseq_hooks, "_add_args_option_names", lambda: pytest.fail("looked up"))
+    fairseq_hooks.check_override_names(argparse.Namespace(plugin_checkpoint_overrides=["task", "data", "beam"]))
 
 
 def test_overrides_naming_fairseq_or_plugin_options_still_load():
