@@ -10,7 +10,12 @@ builds the same model (Pre-LN, no aggregation, no tying, LayerNorm; one layer a 
 it is traced once, under the first axis, and the other defaults' cases check that they parse to its arguments.
 The norm and tying choices change one module of a layer whatever the residual wiring around it: each is traced in
 one residual choice's model (FOLDED, a pair that builds), whose case traces both; its own case checks that the
-host's arguments set it. Seven models fewer, every choice still traced once.
+host's arguments set it. Likewise a residual choice is traced in the model of a depth-aggregation choice that
+builds every layer with the residual axis's factory and runs it as a black box x -> y (``none``, DenseFormer,
+DLCL, LAuReL, LIMe, which only swaps the attentions' k/v projections: not ``own_layers``, whose branches a residual
+choice would change instead): the residual's layers run their own code there, at two layers a side, and the
+aggregation's hooks are the same whatever the layer (``none`` is the residual's own model, stacks and all).
+Fourteen models fewer, every choice still traced once.
 """
 
 import contextlib
@@ -36,12 +41,26 @@ LAYERS = {"depth_aggregation": "2"}
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 
 
-# a norm or tying choice (a module of the layer) traced in a residual choice's model: {folded: host case}
+# a norm or tying choice (a module of the layer) traced in a residual choice's model, a residual choice traced in
+# the model of an aggregation choice that runs the residual's layers as they are: {folded: host case}
 FOLDED = {("norm", "rmsnorm"): ("residual", "post"), ("norm", "dyt"): ("residual", "deepnet"),
           ("norm", "derf"): ("residual", "b2t"), ("tying", "key-query"): ("residual", "layerscale"),
           ("tying", "ffn"): ("residual", "rezero"), ("tying", "value"): ("residual", "orthogonal"),
-          ("tying", "all"): ("residual", "tfixup")}  # fmt: skip
-HOSTED = {host: folded for folded, host in FOLDED.items()}
+          ("tying", "all"): ("residual", "tfixup"),
+          ("residual", "ngpt"): ("depth_aggregation", "none"),
+          ("residual", "deepnet"): ("depth_aggregation", "denseformer"),
+          ("residual", "hybrid"): ("depth_aggregation", "dlcl"),
+          ("residual", "b2t"): ("depth_aggregation", "laurel-rw"),
+          ("residual", "admin"): ("depth_aggregation", "laurel-lr"),
+          ("residual", "normformer"): ("depth_aggregation", "laurel-pa"),
+          ("residual", "post"): ("depth_aggregation", "lime")}  # fmt: skip
+
+
+def traced_in(case: tuple[str, str]) -> tuple[str, str]:
+    """The case whose model traces ``case``: its host's, or its host's host's (a norm in a folded residual)."""
+    while case in FOLDED:
+        case = FOLDED[case]
+    return case
 
 
 def flag(axis: str, name: str) -> list[str]:
@@ -50,7 +69,7 @@ def flag(axis: str, name: str) -> list[str]:
 
 def choice_args(axis: str, name: str) -> list[str]:
     layers = LAYERS.get(axis, "1")
-    hosted = flag(*HOSTED[axis, name]) if (axis, name) in HOSTED else []
+    hosted = [arg for case in FOLDED if traced_in(case) == (axis, name) for arg in flag(*case)]
     return [*flag(axis, name), *hosted, "--encoder-layers", layers, "--decoder-layers", layers, *NO_DROPOUT]
 
 
@@ -109,8 +128,10 @@ def test_every_choice_traces_without_graph_breaks(axis, name):
             parse_model_args("residual_axes", choice_args(*traced)))  # fmt: skip
         return
     if (axis, name) in FOLDED:  # its host's model holds it: the host's case traces both
-        host = FOLDED[axis, name]
-        assert host in CHOICES and host not in FOLDED and host not in TRACED_AS
+        host = traced_in((axis, name))
+        assert host in CHOICES and host not in TRACED_AS
+        if axis == "residual":  # the host runs the residual's own layers (module docstring)
+            assert host[0] == "depth_aggregation" and not tables()[host[0]][host[1]].own_layers
         assert vars(parse_model_args("residual_axes", choice_args(*host)))[axis] == name
         return
     model = build_model("residual_axes", choice_args(axis, name))
