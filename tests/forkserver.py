@@ -7,8 +7,9 @@ first use) that imported only third-party modules, never the plugin, fairseq_cli
 so the command imports the plugin (through --user-dir, or its own import) and runs as ``__main__`` as a new
 interpreter would, with its own working directory, environment, stdin, stdout, stderr and exit status (a signal's is
 negative). A command this cannot run faithfully (not ``sys.executable -m`` or ``-c``, or an environment variable the
-interpreter or torch reads at start-up) runs in a new interpreter through helpers.run. A test about the process
-itself (a new interpreter without the plugin, a resource limit) calls helpers.run directly.
+interpreter or torch reads at start-up) runs in a new interpreter through helpers.run. A command that must run
+without the plugin, or under a resource limit it sets itself, forks too (test_checkpoint_safety): the server never
+imports the plugin, and the limit holds for the command's process only.
 
 forked_python_modules() (the fixture python_modules_forked) does the same for the processes the code under test
 starts: the study tool's runs, the recipes' steps, submitit's jobs (see SHIM below)."""

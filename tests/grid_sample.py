@@ -10,8 +10,14 @@ import os
 from fairseq_plugins.axes.grid import AXES, combinations, refusal
 
 
+@functools.cache
+def _working() -> tuple[dict[str, str], ...]:
+    # every test module that samples the grid asks for it at collection (5,100 refusal checks a time): once a process
+    return tuple(c for c in combinations() if refusal(c) is None)
+
+
 def working() -> list[dict[str, str]]:
-    return [c for c in combinations() if refusal(c) is None]
+    return [dict(c) for c in _working()]
 
 
 def choices_of(combo: dict[str, str]) -> set[tuple[str, str]]:
@@ -21,14 +27,19 @@ def choices_of(combo: dict[str, str]) -> set[tuple[str, str]]:
 def covering_sample(covered: set[tuple[str, str]] = frozenset()) -> list[dict[str, str]]:
     """Working combinations that together hold every choice some working combination holds, not in ``covered``:
     each step takes the first combination with the most choices still missing."""
+    return [dict(c) for c in _covering_sample(frozenset(covered))]
+
+
+@functools.cache  # several test modules ask for the same sample at collection
+def _covering_sample(covered: frozenset[tuple[str, str]]) -> tuple[dict[str, str], ...]:
     grid = working()
-    missing = set().union(*map(choices_of, grid)) - set(covered)
+    missing = set().union(*map(choices_of, grid)) - covered
     sample = []
     while missing:
         best = max(grid, key=lambda c: len(choices_of(c) & missing))  # max keeps the first of equals
         sample.append(best)
         missing -= choices_of(best)
-    return sample
+    return tuple(sample)
 
 
 def grid_sample(covered: set[tuple[str, str]] = frozenset(), limit: int | None = None) -> list[dict[str, str]]:
@@ -41,9 +52,14 @@ def grid_sample(covered: set[tuple[str, str]] = frozenset(), limit: int | None =
 
 def family_choices(archs) -> set[tuple[str, str]]:
     """The axis choices the presets ``archs`` build (their family's row of models/families.py)."""
+    return set().union(*map(_arch_choices, archs))
+
+
+@functools.cache  # test_distributed and test_resume parse the same presets at collection
+def _arch_choices(arch: str) -> frozenset[tuple[str, str]]:
     from .helpers import parse_model_args
 
-    return set().union(*(choices_of(vars(parse_model_args(arch))) for arch in archs))
+    return frozenset(choices_of(vars(parse_model_args(arch))))
 
 
 @functools.cache
@@ -79,7 +95,8 @@ def one_choice_each() -> list[dict[str, str]]:
 
     from .helpers import parse_model_args
 
-    defaults = {axis: getattr(parse_model_args("residual_axes"), axis) for axis in AXES}
+    args = parse_model_args("residual_axes")
+    defaults = {axis: getattr(args, axis) for axis in AXES}
     grid = working()
     star = [{**defaults, axis: name} for axis, table in tables().items() for name in table]
     return [c for i, c in enumerate(star) if c in grid and c not in star[:i]]

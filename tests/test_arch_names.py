@@ -46,24 +46,43 @@ def preset_shaped(word: str) -> re.Match | None:
     return m if m and int(m["layers"]) in lm_presets.LM_DEPTHS else None
 
 
+# the bytes of a word ([A-Za-z0-9_]) kept, every other byte a space: an ASCII file's words are its translated bytes
+# split at spaces, a few times faster than the regular expression on the 46 MB of logs, corpora and records
+WORD_BYTES = bytes(c if chr(c).isalnum() or c == ord("_") else ord(" ") for c in range(128)) + b" " * 128
+
+
+def file_words(path: str) -> set[str]:
+    """Every word of a file's path, and of its text where it is UTF-8 and no binary file."""
+    words = set(re.findall(r"[A-Za-z0-9_]+", path))
+    if path.endswith(BINARY) or not (REPO / path).is_file():
+        return words
+    data = (REPO / path).read_bytes()
+    if data.isascii():
+        words.update(data.translate(WORD_BYTES).decode("ascii").split())
+    else:
+        try:
+            words.update(re.findall(r"[A-Za-z0-9_]+", data.decode("utf-8")))
+        except UnicodeDecodeError:
+            pass
+    return words
+
+
 def used_names() -> dict[str, str]:
     """arch name -> the first file that uses it: every word of a file's path or text that is a registered arch or
     model name, or that has a preset name's shape with a family of the tables (so a name the tables stopped
     registering is found too). Study folders such as ``depth_e12d12`` have the shape but no family. The LM families
-    are the translation ones (lm/presets.py reads them from PRESETS)."""
+    are the translation ones (lm/presets.py reads them from PRESETS). Each word is looked at once, in the first file
+    (in path order) that has it."""
     families = {p.family for p in PRESETS.values()}
     found: dict[str, str] = {}
+    seen: set[str] = set()
     for path in repository_files():
-        words = set(re.findall(r"[A-Za-z0-9_]+", path))
-        if not path.endswith(BINARY) and (REPO / path).is_file():
-            try:
-                words |= set(re.findall(r"[A-Za-z0-9_]+", (REPO / path).read_text(encoding="utf-8")))
-            except UnicodeDecodeError:
-                pass
-        for word in words:
+        new = file_words(path) - seen
+        seen |= new
+        for word in new:
             shaped = preset_shaped(word)
             if word in ARCH_MODEL_REGISTRY or (shaped and shaped["family"] in families):
-                found.setdefault(word, path)
+                found[word] = path
     return found
 
 

@@ -19,7 +19,7 @@ from fairseq_plugins.checkpoint_safety import (
 from fairseq_plugins.checkpoint_saving import intact
 
 from .forkserver import run_forked
-from .helpers import PLUGIN_DIR, fairseq_cli, generate_command, run, train_command
+from .helpers import PLUGIN_DIR, fairseq_cli, generate_command, train_command
 
 
 class Smuggler:
@@ -40,9 +40,10 @@ def checkpoint(corpus_bin, tmp_path_factory):
 
 
 def test_fairseq_checkpoint_needs_the_allow_list(checkpoint):
-    """Without the plugin, torch >= 2.6 refuses fairseq's checkpoint (so the allow-list is what loads it)."""
+    """Without the plugin, torch >= 2.6 refuses fairseq's checkpoint (so the allow-list is what loads it). Forked:
+    the fork server imported torch and fairseq, never the plugin."""
     code = f"import torch; torch.load('{checkpoint}')"
-    proc = run([sys.executable, "-c", code], check=False)
+    proc = run_forked([sys.executable, "-c", code], check=False)
     assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
 
 
@@ -156,12 +157,13 @@ checkpoint_utils.PathManager.copy(sys.argv[1], sys.argv[2], overwrite=True)  # w
 
 def test_a_copy_to_the_last_checkpoint_killed_midway_leaves_the_old_one_whole(tmp_path):
     """fairseq-train copies each save to checkpoint_last.pt; a process killed inside that copy (here by the file
-    size limit, halfway) must leave the previous checkpoint_last.pt as it was, not truncated."""
+    size limit, halfway) must leave the previous checkpoint_last.pt as it was, not truncated. Forked: the limit and
+    the signal's default are set in the command's own process, as in a new interpreter."""
     new, last = tmp_path / "checkpoint_1_6.pt", tmp_path / "checkpoint_last.pt"
     new.write_bytes(os.urandom(1 << 20))
     old = os.urandom(1000)
     last.write_bytes(old)
-    proc = run([sys.executable, "-c", COPY_KILLED, new, last, 1 << 19], check=False, env={"PYTHONPATH": str(PLUGIN_DIR.parent)})
+    proc = run_forked([sys.executable, "-c", COPY_KILLED, new, last, 1 << 19], check=False)
     assert proc.returncode == -signal.SIGXFSZ, proc.stderr[-2000:]  # killed inside the copy
     assert last.read_bytes() == old
     assert checkpoint_utils.PathManager.copy(str(new), str(last), overwrite=True)  # and a whole copy replaces it

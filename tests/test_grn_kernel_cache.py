@@ -26,19 +26,25 @@ KERNELS = {"grn_cpu": (grn_kernel, "GRN kernels unavailable"), "mhc_cpu": (mhc_k
 
 
 @pytest.fixture(scope="module", params=sorted(KERNELS))
-def built(request, tmp_path_factory) -> tuple[Path, str]:
-    """A cache holding one built library and its record (built once per library)."""
-    cache = tmp_path_factory.mktemp("built") / "cache"
+def built(request, tmp_path_factory) -> tuple[Path, str, object, str | None]:
+    """A cache holding one built library and its record (built once per library), built as a new process does:
+    the kernel's loaded() on a cache directory not there yet; with what loaded() returned and its failure."""
+    cache = tmp_path_factory.mktemp("built") / "new" / "cache"
+    kernel = KERNELS[request.param][0]
+    state = {name: getattr(kernel, name) for name in ("_library", "_tried", "failure")}
     before = os.environ.get(loader.CACHE_ENV)
     os.environ[loader.CACHE_ENV] = str(cache)
+    kernel._library, kernel._tried, kernel.failure = None, False, None
     try:
-        loader.load(request.param)
+        library, failure = kernel.loaded(), kernel.failure
     finally:
+        for name, value in state.items():
+            setattr(kernel, name, value)
         if before is None:
             del os.environ[loader.CACHE_ENV]
         else:
             os.environ[loader.CACHE_ENV] = before
-    return cache, request.param
+    return cache, request.param, library, failure
 
 
 @pytest.fixture
@@ -72,10 +78,10 @@ def refused(caplog, needle: str, kernel) -> str:
     return warnings[0]
 
 
-def test_the_cache_is_created_private_and_loads(cache, kernel, tmp_path, monkeypatch):
-    fresh = tmp_path / "new" / "cache"
-    monkeypatch.setenv(loader.CACHE_ENV, str(fresh))
-    assert kernel.loaded() is not None, kernel.failure
+def test_the_cache_is_created_private_and_loads(built):
+    """The build of ``built`` (one compile per library, shared by the tests below) created the cache and loaded."""
+    fresh, _, library, failure = built
+    assert library is not None, failure
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
     assert not stat.S_IMODE(library_file(fresh).stat().st_mode) & 0o022
 

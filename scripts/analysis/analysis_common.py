@@ -7,6 +7,7 @@ The tools run as modules from the repository root (``python -m scripts.analysis.
 """
 
 import csv
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -50,6 +51,7 @@ class _Task:
         )
 
 
+@functools.cache  # once per size: param_table builds ~40 models of a few 9k-44k entry vocabularies (the models only read it)
 def _dictionary(size: int):
     from fairseq.data import Dictionary
 
