@@ -7,6 +7,8 @@ import threading
 
 import pytest
 
+from . import gc_tuning
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: thread start-up costs more than it saves
 
 # A test that hangs (a child that never exits, a lock never released) would spend CI's whole budget and name
@@ -37,6 +39,10 @@ SLOWEST_FIRST = (
     "test_distributed.py", "test_cli.py", "test_agg_baselines.py", "test_axes_grid.py", "test_norm_baselines.py",
     "test_fairseq_parity_2.py", "test_lm.py", "test_precision.py", "test_gpu_check.py",
 )  # fmt: skip
+
+
+def pytest_collection_finish(session):
+    gc_tuning.tune()  # after the imports and the collection: why in tests/gc_tuning.py
 
 
 def pytest_collection_modifyitems(session, config, items):
