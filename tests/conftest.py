@@ -33,11 +33,11 @@ def pytest_configure(config):
 # from CI's per-file times (junit), go first; every other file follows in its usual order. Only the order changes:
 # a stale list costs time, never a test.
 SLOWEST_FIRST = (
-    "test_compile.py", "test_hub.py", "test_benchmark_guard.py", "test_study_submitit.py", "test_numerics.py",
-    "test_torchscript.py", "test_study.py", "test_fairseq_parity.py", "test_presets.py", "test_parameter_cache.py",
-    "test_resume.py", "test_axes_compose.py", "test_analysis.py", "test_recipes.py", "test_end_to_end.py",
-    "test_distributed.py", "test_cli.py", "test_agg_baselines.py", "test_axes_grid.py", "test_norm_baselines.py",
-    "test_fairseq_parity_2.py", "test_lm.py", "test_precision.py", "test_gpu_check.py",
+    "test_compile.py", "test_hub.py", "test_benchmark_guard.py", "test_study_submitit.py", "test_study.py",
+    "test_resume.py", "test_distributed.py", "test_fairseq_parity.py", "test_torchscript.py", "test_numerics.py",
+    "test_documented_commands.py", "test_axes_grid.py", "test_end_to_end.py", "test_analysis.py", "test_recipes.py",
+    "test_presets.py", "test_gpu_check.py", "test_cli.py", "test_fairseq_parity_2.py", "test_axes_compose.py",
+    "test_golden_models.py", "test_axes_new_ideas.py", "test_graph_leaks.py", "test_study_lm.py",
 )  # fmt: skip
 
 
