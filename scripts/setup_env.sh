@@ -24,28 +24,30 @@ install_stack() {
   "$1/bin/python" -m pip install -q -r "$root/scripts/requirements.txt"
 }
 
-# the base venv of this requirements.txt (STACK_VENV, else in the cache; built once, under a lock; its stamp,
-# written last, marks it finished), else nothing when there is no usable cache directory
+# sets base to the base venv of this requirements.txt (STACK_VENV, else in the cache; built once, under a lock; its
+# stamp, written last, marks it finished), or to nothing when there is no usable cache directory. Called directly,
+# not in $(...): bash runs a command substitution without errexit, so a failed install would go unnoticed there
 shared_stack() {
+  base=""
   [ "${SHARED_VENV:-1}" = 1 ] || return 0
-  local base="${STACK_VENV:-}"
-  if [ -z "$base" ]; then
+  local where="${STACK_VENV:-}"
+  if [ -z "$where" ]; then
     local cache="${XDG_CACHE_HOME:-}"
     case "$cache" in /*) ;; *) cache="${HOME:-}/.cache" ;; esac  # as the kernels' loader: only an absolute path
     case "$cache" in /*) ;; *) return 0 ;; esac
-    base="$cache/fairseq_plugins/venv-$({ cat "$root/scripts/requirements.txt"; "$python" -VV; } | sha256sum | cut -c1-16)"
+    where="$cache/fairseq_plugins/venv-$({ cat "$root/scripts/requirements.txt"; "$python" -VV; } | sha256sum | cut -c1-16)"
   fi
-  mkdir -p "$(dirname "$base")" 2>/dev/null || return 0
+  mkdir -p "$(dirname "$where")" 2>/dev/null || return 0
   (
     flock 9
-    if [ ! -f "$base/.complete" ]; then
-      echo "[setup] installing the pinned stack once into $base (about 2 minutes)" >&2
-      rm -rf "$base"
-      install_stack "$base" >&2
-      touch "$base/.complete"
+    if [ ! -f "$where/.complete" ]; then
+      echo "[setup] installing the pinned stack once into $where (about 2 minutes)"
+      rm -rf "$where"
+      install_stack "$where"
+      touch "$where/.complete"
     fi
-  ) 9>"$base.lock"
-  echo "$base"
+  ) 9>"$where.lock"
+  base="$where"
 }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
@@ -60,13 +62,13 @@ else
   # stamp, written last, is what marks it finished (a half-built venv has none and is rebuilt from scratch)
   rm -rf "$venv" "$venv.partial"
   mkdir -p "$(dirname "$venv")"
-  base="$(shared_stack)"
+  shared_stack
   if [ -n "$base" ]; then
     # hard links where the cache and the checkout share a file system, else a copy; a file is never edited in
     # place afterwards (sed -i and pip write new files), so the base stays as built
     cp -al "$base" "$venv.partial" 2>/dev/null || { rm -rf "$venv.partial"; cp -a "$base" "$venv.partial"; }
     rm -f "$venv.partial/.complete"
-    grep -lIr -F "$base" "$venv.partial/bin" | xargs -r sed -i "s|$base|$venv|g"
+    { grep -lIr -F "$base" "$venv.partial/bin" || true; } | xargs -r sed -i "s|$base|$venv|g"
     mv "$venv.partial" "$venv"
   else
     install_stack "$venv"

@@ -35,7 +35,7 @@ def test_a_checkout_venv_is_the_base_linked_with_its_scripts_pointed_at_itself(t
     env = {**os.environ, "STACK_VENV": str(base), "VENV_DIR": str(venv), "PYTHON": sys.executable}
     out = setup(env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "installing the pinned stack" not in out.stderr  # the finished base is reused, not rebuilt
+    assert "installing the pinned stack" not in out.stdout + out.stderr  # the finished base is reused, not rebuilt
     copy = venv / "bin" / "fairseq-train"
     assert copy.read_text(encoding="utf-8").splitlines()[0] == f"#!{venv}/bin/python"
     assert script.read_bytes() == before and not (venv / ".complete").exists()
@@ -47,3 +47,14 @@ def test_a_checkout_venv_is_the_base_linked_with_its_scripts_pointed_at_itself(t
     # a second call finds the stamp and reuses the checkout's venv as is
     again = setup(env)
     assert again.returncode == 0 and "[setup] reusing" in again.stdout
+
+
+def test_a_failed_install_of_the_stack_stops_the_set_up(tmp_path):
+    """A base venv whose install fails is neither marked finished nor copied: the set-up exits with the failure."""
+    python = tmp_path / "python3.11"  # a Python whose venv module fails
+    python.write_text(f'#!/bin/sh\n[ "$1 $2" = "-m venv" ] && exit 3\nexec {sys.executable} "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+    base, venv = tmp_path / "stack", tmp_path / "checkout" / ".venv"
+    out = setup({**os.environ, "STACK_VENV": str(base), "VENV_DIR": str(venv), "PYTHON": str(python)})
+    assert out.returncode != 0 and "installing the pinned stack once" in out.stdout
+    assert not (base / ".complete").exists() and not venv.exists()
