@@ -64,15 +64,17 @@ def build_lm(data: Path, arch: str, extra: Sequence[str] = (), seed: int = 0):
     return model.eval(), task, args
 
 
-_CFG_TEMPLATE: list = []
+_CFG_TEMPLATES: dict[tuple, object] = {}
 
 
 def checkpoint_cfg(args):
     """``convert_namespace_to_omegaconf(args)``, as fairseq-train saves it. Hydra's compose takes ~0.7 s, so it
-    runs once; for another arch only the model part differs, which fairseq stores as a Namespace of the args."""
-    if not _CFG_TEMPLATE:
-        _CFG_TEMPLATE.append(convert_namespace_to_omegaconf(args))
-    cfg = copy.deepcopy(_CFG_TEMPLATE[0])
+    runs once per task and data (a translation test's checkpoint and a language model's share a worker process);
+    for another arch only the model part differs, which fairseq stores as a Namespace of the args."""
+    key = (args.task, str(getattr(args, "data", "")))
+    if key not in _CFG_TEMPLATES:
+        _CFG_TEMPLATES[key] = convert_namespace_to_omegaconf(args)
+    cfg = copy.deepcopy(_CFG_TEMPLATES[key])
     with omegaconf_no_object_check():
         cfg.model = Namespace(**vars(args))
         cfg.model._name = args.arch
