@@ -181,6 +181,27 @@ def generate_command(data: Path, checkpoint: Path, extra: Sequence[str] = ()):
     ]  # fmt: skip
 
 
+def train_then_generate(data: Path, root: Path, archs: Sequence[str], in_one_forked_process) -> dict:
+    """arch -> (fairseq-train's run of 2 updates, fairseq-generate's run on its checkpoint): every training in one
+    process, then every decoding in a second, which reads only the checkpoints (tests/one_process.py, forked from
+    the fork server: conftest.py in_one_forked_process), instead of a process per command."""
+    trains = [("train", train_command(data, root / arch, arch, max_update=2)[3:]) for arch in archs]
+    # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is
+    # translated)
+    limits = ["--max-len-a", "1", "--max-len-b", "5"]
+    decodes = [("generate", generate_command(data, root / arch / "checkpoint_last.pt", limits)[3:]) for arch in archs]
+    trained = in_one_forked_process(trains)
+    return dict(zip(archs, zip(trained, in_one_forked_process(decodes), strict=True), strict=True))
+
+
+def check_translates_every_sentence(trained, decoded, sentences: int = 21):
+    """Both runs succeeded and fairseq-generate translated every test sentence once."""
+    trained.check()
+    output = decoded.check().output
+    assert sorted(hypotheses(output)) == list(range(sentences))
+    assert f"Translated {sentences} sentences" in output
+
+
 def hypotheses(generate_stdout: str) -> dict:
     """{sentence id: hypothesis text} from fairseq-generate's H- lines."""
     hyps = {}

@@ -22,13 +22,12 @@ from .equations import attention, ffn, layer_norm
 from .helpers import (
     TinyTask,
     build_model,
+    check_translates_every_sentence,
     full_and_incremental_logits,
-    generate_command,
-    hypotheses,
     parameter_gradients,
     parse_model_args,
     random_batch,
-    train_command,
+    train_then_generate,
 )
 from .test_properties import right_pad
 
@@ -403,25 +402,12 @@ END_TO_END = ["denseformer_e12d6", "hc_dynamic_e6d6"]
 
 @pytest.fixture(scope="module")
 def generated(corpus_bin, tmp_path_factory, in_one_forked_process):
-    """arch -> fairseq-generate's run on its checkpoint after 2 updates of fairseq-train: every training in one
-    process, then every decoding in a second, which reads only the checkpoints (tests/one_process.py, forked from
-    the fork server: conftest.py in_one_forked_process), instead of a process per command."""
-    root = tmp_path_factory.mktemp("end_to_end")
-    trains = [("train", train_command(corpus_bin, root / arch, arch, max_update=2)[3:]) for arch in END_TO_END]
-    # an untrained model rarely stops: capped at 5 + source length tokens, not fairseq's 200 (each sentence is translated)
-    limits = ["--max-len-a", "1", "--max-len-b", "5"]
-    decodes = [("generate", generate_command(corpus_bin, root / arch / "checkpoint_last.pt", limits)[3:]) for arch in END_TO_END]
-    trained = dict(zip(END_TO_END, in_one_forked_process(trains), strict=True))
-    return {arch: (trained[arch], run) for arch, run in zip(END_TO_END, in_one_forked_process(decodes), strict=True)}
+    return train_then_generate(corpus_bin, tmp_path_factory.mktemp("end_to_end"), END_TO_END, in_one_forked_process)
 
 
 @pytest.mark.parametrize("arch", END_TO_END)
 def test_train_then_generate_translates_every_sentence(arch, generated):
-    trained, decoded = generated[arch]
-    trained.check()
-    output = decoded.check().output
-    assert sorted(hypotheses(output)) == list(range(21))
-    assert "Translated 21 sentences" in output
+    check_translates_every_sentence(*generated[arch])
 
 
 def test_half_precision_forward_matches_float32_at_init():
