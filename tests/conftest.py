@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from . import gc_tuning
+from . import compose_cache, gc_tuning
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: thread start-up costs more than it saves
 
@@ -43,6 +43,7 @@ SLOWEST_FIRST = (
 
 def pytest_collection_finish(session):
     gc_tuning.tune()  # after the imports and the collection: why in tests/gc_tuning.py
+    compose_cache.install()  # fairseq's config composition in the test processes: why in tests/compose_cache.py
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from . import gc_tuning
+from . import compose_cache, gc_tuning
 from .helpers import REPO, run
 
 # read by the interpreter or by torch at start-up: a command that changes one needs a new interpreter
@@ -53,6 +53,9 @@ finally:
     logging.disable(logging.NOTSET)
 """
 
+# before the warm-up: the caches of tests/compose_cache.py (why there), filled by the warm-up's composition
+COMPOSE_CACHE = compose_cache.SERVER_LINES
+
 # after the imports: the imported heap frozen and the collector's thresholds raised (tests/gc_tuning.py: why), in
 # the server and so in every command it forks
 GC = gc_tuning.SERVER_LINES
@@ -71,7 +74,7 @@ logging.basicConfig = lambda *args, **kwargs: (replay.append((args, kwargs)), ba
 import torch, torch._dynamo, sympy
 import fairseq, fairseq.checkpoint_utils, fairseq.criterions, fairseq.data, fairseq.distributed, fairseq.models
 import fairseq.optim, fairseq.options, fairseq.sequence_generator, fairseq.tasks, fairseq.trainer
-{WARM_UP}{GC}logging.basicConfig = basic_config
+{COMPOSE_CACHE}{WARM_UP}{GC}logging.basicConfig = basic_config
 logging.root.handlers.clear()
 logging.root.setLevel(logging.WARNING)
 requests, replies = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w")
@@ -147,7 +150,7 @@ for line in requests:
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)  # at the client's end of file: nothing to finalize (~1.5 s of CPU with torch and fairseq imported)
-""".replace("{WARM_UP}", WARM_UP).replace("{GC}", GC)
+""".replace("{COMPOSE_CACHE}", COMPOSE_CACHE).replace("{WARM_UP}", WARM_UP).replace("{GC}", GC)
 
 
 def base_env() -> dict[str, str]:
@@ -339,7 +342,7 @@ logging.basicConfig = lambda *args, **kwargs: (replay.append((args, kwargs)), ba
 import torch, torch._dynamo, sympy
 import fairseq, fairseq.checkpoint_utils, fairseq.criterions, fairseq.data, fairseq.distributed, fairseq.models
 import fairseq.optim, fairseq.options, fairseq.sequence_generator, fairseq.tasks, fairseq.trainer
-{WARM_UP}{GC}logging.basicConfig = basic_config
+{COMPOSE_CACHE}{WARM_UP}{GC}logging.basicConfig = basic_config
 logging.root.handlers.clear()
 logging.root.setLevel(logging.WARNING)
 added_filters = warnings.filters[: len(warnings.filters) - len(initial_filters)]  # what the imports added
@@ -509,7 +512,7 @@ except ChildProcessError:
     pass
 sys.stderr.flush()
 os._exit(0)  # nothing to finalize (~1.5 s of CPU with torch and fairseq imported)
-""".replace("{WARM_UP}", WARM_UP).replace("{GC}", GC)
+""".replace("{COMPOSE_CACHE}", COMPOSE_CACHE).replace("{WARM_UP}", WARM_UP).replace("{GC}", GC)
 
 # start-up variables (names, or a prefix ending in "_") a command and its server may differ in: the shim hands them
 # over (sys.path, the standard streams' buffering, the warning filters); read later than start-up:
