@@ -2,6 +2,7 @@
 GRN code does (the same result, or the same kind of error), where they once crashed, returned garbage or
 dropped a term (issue 30)."""
 
+import gc
 import os
 import shutil
 
@@ -179,7 +180,13 @@ def test_ddp_gets_the_kernels_gradients(tmp_path):
                 model([stack]).pow(2).sum().backward()  # DDP's hooks all-reduce the parameters' gradients
             grads.append([p.grad.clone() for p in grn.parameters()])
             grn.zero_grad()
+        del model
     finally:
+        # DDP's reducer freed while the group is alive: freed after it, the reducer held the group's last reference,
+        # and the group's destructor ran with the GIL held and joined a gloo thread that was waiting for the GIL to
+        # free a tensor (a deadlock, once in CI; pytorch/pytorch#56297); the group's own Python object releases the
+        # GIL before destroying it
+        gc.collect()
         dist.destroy_process_group()
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
