@@ -11,6 +11,7 @@ command was planned for (that would change the tokens per update).
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m scripts.training.fairseq_rank DATA ...
 """
 
+import gc
 import os
 import sys
 
@@ -38,6 +39,10 @@ def main() -> None:
     # training has finished (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489), and
     # torchrun reports the launch failed. Only after a successful run: a rank that raised must not wait on the others.
     if dist.is_available() and dist.is_initialized():
+        # fairseq's DDP wrapper, left in reference cycles, freed first: freed after the group, its reducer holds the
+        # group's last reference, and the group's destructor runs with the GIL held and joins a Gloo thread that may
+        # be waiting for the GIL to free a tensor, a deadlock (pytorch/pytorch#56297; tests/test_grn_kernel_modes.py)
+        gc.collect()
         dist.destroy_process_group()
 
 
