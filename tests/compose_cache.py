@@ -1,7 +1,7 @@
 """Two caches for fairseq's config composition in the test processes and in the commands the fork servers fork.
 
-Every fairseq command composes its config with hydra (``convert_namespace_to_omegaconf``): ~0.34 s of CPU warm,
-more than half of a 4-update training of a tiny model, and the suite runs hundreds. Two of its steps redo work
+Every fairseq command composes its config with hydra (``convert_namespace_to_omegaconf``): ~0.35 s of CPU warm,
+about half of a forked 4-update training of a tiny model, and the suite runs hundreds. Two of its steps redo work
 whose result is the same every time, and are cached here; composition is otherwise hydra's own:
 - hydra's override parser (ANTLR, ~0.065 s for the ~260 overrides of a command) parses each override string once
   per process: a command's overrides are mostly the defaults of every option, the same from command to command.
