@@ -33,7 +33,7 @@ def pytest_configure(config):
 # from CI's per-file times (junit), go first; every other file follows in its usual order. Only the order changes:
 # a stale list costs time, never a test.
 SLOWEST_FIRST = (
-    "test_compile.py", "test_hub.py", "test_benchmark_guard.py", "test_study_submitit.py", "test_study.py",
+    "test_compile.py", "test_hub.py", "test_benchmark.py", "test_study_submitit.py", "test_study.py",
     "test_resume.py", "test_distributed.py", "test_fairseq_parity.py", "test_torchscript.py", "test_numerics.py",
     "test_documented_commands.py", "test_axes_grid.py", "test_end_to_end.py", "test_analysis.py", "test_recipes.py",
     "test_presets.py", "test_gpu_check.py", "test_cli.py", "test_fairseq_parity_2.py", "test_axes_compose.py",

@@ -54,7 +54,7 @@ def test_bad_revision_and_unknown_family_are_clear_errors(capsys):
 
 
 def test_each_round_asks_the_benchmark_for_options_it_has(tmp_path):
-    from .test_benchmark_guard import _load_benchmark
+    from .test_benchmark import _load_benchmark
 
     opts = before_after.parse_args(["--before", "HEAD", "--family", "dca", "--depth", "e6d6", "--", "--max-tokens", "2048"])
     args = _load_benchmark().build_parser().parse_args(before_after.benchmark_options(opts, ["dca"], tmp_path / "r.json"))

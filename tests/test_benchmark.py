@@ -1,22 +1,10 @@
-"""A regression guard CI can afford: scripts/benchmark/benchmark.py at tiny size fails a family only when it is grossly
-slower than fairseq's transformer (training below GUARD["train"], beam decoding below GUARD["decode"]).
-
-Never on noise: the baseline and every family are built side by side and measured in interleaved rounds with
-rotating order; a family fails only if the median of its round-by-round ratios, the ratio of the best times
-and the ratio of process CPU times are all below the bound, in a screening measurement of every family
-(SCREEN_ROUNDS) and again in each of two independent measurements of the flagged ones at the full ARGS rounds.
-(Before: the full rounds for every family, then one confirmation. A fail now needs two full-round measurements
-to agree, as before, plus the screen: never more likely on noise; the screen is the warm-up and one timed round,
-2 of the 5 passes: a gross slowdown is below its bound in any round, and only a flagged family pays for more.)
-Families are discovered from the preset table, so a family added later is guarded as soon as it registers;
-the families named in GUARDED are skipped until they exist. CI measures every family but those whose settings are
-all held by other measured families (families.COMBINATIONS' rows of choices measured alone, e.g. tfixup_kq =
-tfixup's wiring + crossformer_hg's key-query tying): such a family runs no module of its own, so a gross slowdown in
-its code is one in a measured family's; ALL_FAMILIES=1 measures every family. At tiny width a step is mostly fixed per-layer
-overhead, so a family's ratios here are lower than at real sizes (the bounds are for gross regressions
-only: a lost cache, recomputed layers, an accidental O(depth^2) loop).
+"""scripts/benchmark/benchmark.py, the speed comparison with fairseq's transformer: its report's structure, its
+targets and verdicts, its groups and merges, its compiled columns, and every family measured at tiny size. No timed
+assertion (speed is the benchmark's to print, not a test's to judge: a gross slowdown shows in its report and in
+``python -m scripts.benchmark.before_after``). Families are discovered from the preset table, so a family added
+later is measured as soon as it registers; CI measures every family but those whose settings other measured
+families all hold (tests/grid_sample.py: such a family runs no module of its own), ALL_FAMILIES=1 every family.
 """
-
 
 import json
 
@@ -33,22 +21,12 @@ from scripts.study.study_common import git_commit
 from .grid_sample import choice_families
 from .helpers import REPO, load_script
 
-# the families the project plans, guarded once registered; plus whatever else the preset table holds
-GUARDED = ("residual", "crossformer_sg", "crossformer_hg", "dca", "dca_k2")
-GUARD = {"train": 0.5, "decode": 0.25}
-# dynamic Hyper-Connections compute input-dependent n x (n + 1) mixing weights at every sublayer: at width 64
-# that is a large share of the step (0.47-0.49x measured in CI, 0.67-0.77x at IWSLT width), not a regression
-# mHC adds a 20-iteration Sinkhorn on an n x n matrix per token at every sublayer, unfused: at width 64 those
-# small operators dominate (train/decode 0.19-0.20x for mhc, train 0.36-0.38x for mhc_lite in CI, 2026-11-25;
-# the module alone 0.77x / 0.88x at width 512). A known gap (issue 27 item 3: a fused kernel), not a regression
-FAMILY_GUARD = {"hc_dynamic": {"train": 0.35}, "mhc": {"train": 0.12, "decode": 0.12}, "mhc_lite": {"train": 0.25}}
-# width 64 and ~800 target tokens per step: small enough for CI, large enough that a step is not only
-# per-layer Python overhead (at width 32 the families that add small per-layer ops fall towards 0.5x)
-ARGS = [
-    "--synthetic", "--depth", "e6d6", "--embed-dim", "64", "--ffn-dim", "128", "--heads", "2",
-    "--threads", "1", "--rounds", "4", "--warmup", "1", "--max-tokens", "1024", "--train-batches", "1",
-    "--vocab-size", "512", "--decode-sentences", "8", "--decode-batch-size", "8", "--decode-len", "6",
-    "--peak-repeats", "0", "--no-memory", "--no-flop-count", "--quiet", "--group-size", "1000",
+# one round without warm-up of the smallest models: what the report holds, not how fast anything is
+STRUCTURE = [
+    "--synthetic", "--depth", "e6d6", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--threads", "1",
+    "--rounds", "1", "--warmup", "0", "--max-tokens", "1024", "--train-batches", "1", "--vocab-size", "512",
+    "--decode-sentences", "2", "--decode-batch-size", "2", "--decode-len", "6", "--peak-repeats", "0",
+    "--no-memory", "--no-flop-count", "--quiet",
 ]  # fmt: skip
 
 
@@ -58,69 +36,21 @@ def _load_benchmark():
 
 benchmark = _load_benchmark()
 REGISTERED = [f for f in benchmark.registered_families() if f"{f}_iwslt_e6d6" in benchmark.PRESETS]
-ALL = list(dict.fromkeys([*GUARDED, *(f for f in REGISTERED if f != "transformer_postln")]))
-
-
 # every family but a combination of choices that other measured families hold (tests/grid_sample.py)
-FAMILIES = [*(f for f in ALL if f not in REGISTERED), *choice_families(f for f in ALL if f in REGISTERED)]
+FAMILIES = choice_families(f for f in REGISTERED if f != "transformer_postln")
 
 
-# the tests of the report's structure (no timed assertion): one round without warm-up, of the smallest models
-STRUCTURE = [*ARGS[:-2], "--rounds", "1", "--warmup", "0", "--embed-dim", "16", "--ffn-dim", "32",
-             "--decode-sentences", "2", "--decode-batch-size", "2"]  # fmt: skip
-SCREEN_ROUNDS = ("--rounds", "1")  # after ARGS' "--rounds 4": the later flag wins
-
-
-def _measure(families: list[str], rounds: tuple[str, ...] = ()) -> dict:
-    opts = benchmark.build_parser().parse_args([*ARGS, *rounds, *(a for f in families for a in ("--family", f))])
+def test_every_family_is_measured_against_fairseqs_transformer():
+    """Each family builds, trains and decodes in the benchmark's line-up beside the baseline, with a ratio for
+    each metric (their values are the report's, not the test's)."""
+    argv = [*STRUCTURE, "--group-size", "1000", *(a for f in FAMILIES for a in ("--family", f))]
+    opts = benchmark.build_parser().parse_args(argv)
     benchmark.resolve(opts)
     report = benchmark.run_benchmark(opts, benchmark.synthetic_corpus(n_train=1000, n_test=16))
     (result,) = report["results"]  # one line-up: every family against one baseline (tiny models fit in memory)
-    return result["families"]
-
-
-def _too_slow(row: dict, family: str) -> list[str]:
-    """The metrics on which a family is below its bound by every estimate: the median wall-clock ratio, the
-    ratio of best times and the CPU-time ratio (which other processes' load does not inflate)."""
-    slow = []
-    for metric, bound in {**GUARD, **FAMILY_GUARD.get(family, {})}.items():
-        r = row[f"{metric}_ratio"]
-        if max(r["median"], r["best"], r["cpu"]) < bound:
-            slow.append(f"{metric} {r['median']:.2f}x (best {r['best']:.2f}x, CPU time {r['cpu']:.2f}x)")
-    return slow
-
-
-@pytest.fixture(scope="module")
-def verdicts() -> dict[str, list[str]]:
-    """{family: what is too slow}, after two full measurements of any family the screen flags."""
-    present = [f for f in FAMILIES if f in REGISTERED]
-    if not present:
-        return {}
-    verdict = {f: _too_slow(row, f) for f, row in _measure(present, SCREEN_ROUNDS).items()}
-    for again in ("again", "and again"):
-        suspects = [f for f, slow in verdict.items() if slow]
-        if not suspects:
-            break
-        confirm = {f: _too_slow(row, f) for f, row in _measure(suspects).items()}
-        verdict = {f: (verdict[f] + [f"{again}: " + ", ".join(confirm[f])] if confirm.get(f) else []) for f in verdict}
-    return verdict
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_no_gross_slowdown_against_fairseq_transformer(family, verdicts):
-    if family not in REGISTERED:
-        pytest.skip(f"family {family} is not registered (no {family}_iwslt_e6d6 preset) yet")
-    assert not verdicts[family], (
-        f"{family} is grossly slower than transformer_preln at tiny E6D6: {'; '.join(verdicts[family])} "
-        f"(bounds {GUARD}); profile it with python -m scripts.benchmark.benchmark --family {family}"
-    )
-
-
-def test_the_guard_bounds_are_far_below_the_targets():
-    """The guard never fires where the benchmark's own targets pass."""
-    for target in benchmark.TARGETS:
-        if target.metric in GUARD and target.op == ">=":
-            assert GUARD[target.metric] < target.bound - 0.2, target
+    assert list(result["families"]) == FAMILIES
+    for family, row in result["families"].items():
+        assert row["train_ratio"]["median"] > 0 and row["decode_ratio"]["median"] > 0, family
 
 
 def test_only_throughput_misses_are_profiled():
