@@ -23,12 +23,18 @@ import contextlib
 import pytest
 import torch
 import torch._dynamo
+from fairseq.sequence_generator import SequenceGenerator
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from fairseq_plugins.axes import tables
 from fairseq_plugins.kernels import grn_kernel, mhc_kernel
 from fairseq_plugins.kernels.sinkhorn import sinkhorn_tokens_last
-from fairseq_plugins.modules.compiled import compile_ideas
+from fairseq_plugins.modules.compiled import (
+    GRAPHS_PER_LAYER,
+    SPARE_GRAPHS,
+    compile_ideas,
+)
 from fairseq_plugins.validation import PluginOptionError
 
 from .helpers import build_model, parse_model_args, random_batch
@@ -84,10 +90,11 @@ for _axis, _table in tables().items():
 @contextlib.contextmanager
 def compiling(kernels: bool = False):
     """The C kernels off (the PyTorch path, as on a GPU) unless ``kernels``; dynamo reset, its counters cleared,
-    and a recompile past the limit an error (else dynamo would quietly run the rest eagerly)."""
+    and a recompile past the limits compile_ideas sets an error (else dynamo would quietly run the rest eagerly);
+    dynamo's limits restored after."""
     torch._dynamo.reset()
     counters.clear()
-    patch = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True)
+    patch = torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
     with grn_kernel.enabled(kernels), mhc_kernel.enabled(kernels), patch:
         try:
             yield
@@ -177,6 +184,28 @@ def test_the_cpu_kernels_trace_too(name):
     torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
     assert_close_all(got_grads.values(), want_grads.values())
     assert_close_all(got_steps, want_steps)
+
+
+def test_beam_search_stays_compiled_past_dynamos_default_limit():
+    """Compiled beam search over three batch sizes traces each decoder layer about ten times (modules/compiled.py:
+    per-layer cache keys, first, second and later steps, batch sizes): past dynamo's default 8 graphs per code
+    object, within the limits compile_ideas raises by the model's need (past them, dynamo would run the remaining
+    layers eagerly; here that is an error), and the translations are the eager model's."""
+    model = build_model("residual_axes", ["--encoder-layers", "1", "--decoder-layers", "2", *NO_DROPOUT])
+    generator = SequenceGenerator([model], model.decoder.dictionary, beam_size=2, max_len_b=5, min_len=5)
+    samples = [{"net_input": dict(zip(("src_tokens", "src_lengths"), random_batch(model, n, 5, seed=n)[:2]))}
+               for n in (3, 2, 4)]  # fmt: skip
+    with compiling():
+        before = torch._dynamo.config.recompile_limit
+        compile_ideas(model, backend="eager", fullgraph=True)
+        assert torch._dynamo.config.recompile_limit == before + GRAPHS_PER_LAYER * 2 + SPARE_GRAPHS
+        got = [generator.generate([model], sample) for sample in samples]
+        graphs = len(_debug_get_cache_entry_list(type(model.decoder.layers[0]).forward.__code__))
+        assert 8 < graphs <= GRAPHS_PER_LAYER * 2, graphs  # 8: dynamo's default recompile_limit
+        with torch.compiler.set_stance("force_eager"):
+            want = [generator.generate([model], sample) for sample in samples]
+    for a, b in zip(got, want, strict=True):
+        assert [[h["tokens"].tolist() for h in hyps] for hyps in a] == [[h["tokens"].tolist() for h in hyps] for hyps in b]
 
 
 def test_admin_profiles_eagerly_under_compile():
