@@ -91,10 +91,12 @@ for _axis, _table in tables().items():
 def compiling(kernels: bool = False):
     """The C kernels off (the PyTorch path, as on a GPU) unless ``kernels``; dynamo reset, its counters cleared,
     and a recompile past the limits compile_ideas sets an error (else dynamo would quietly run the rest eagerly);
-    dynamo's limits restored after."""
+    the limits it raised restored after."""
     torch._dynamo.reset()
     counters.clear()
-    patch = torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+    config = torch._dynamo.config
+    patch = config.patch(fail_on_recompile_limit_hit=True, recompile_limit=config.recompile_limit,
+                         accumulated_recompile_limit=config.accumulated_recompile_limit)  # fmt: skip
     with grn_kernel.enabled(kernels), mhc_kernel.enabled(kernels), patch:
         try:
             yield
