@@ -39,12 +39,12 @@ GRAPHS_PER_LAYER, SPARE_GRAPHS = 12, 8
 
 def compile_ideas(model: nn.Module, **options) -> nn.Module:
     """Compile ``model``'s layers and layer-loop hooks in place (module docstring); returns ``model``."""
-    depth = max((len(stack.layers) for stack in _stacks(model)), default=0)
-    if depth:
-        needed = GRAPHS_PER_LAYER * depth + SPARE_GRAPHS
+    stacks = _stacks(model)
+    if stacks:
+        needed = GRAPHS_PER_LAYER * max(len(stack.layers) for stack in stacks) + SPARE_GRAPHS
         torch._dynamo.config.recompile_limit += needed
         torch._dynamo.config.accumulated_recompile_limit += needed
-    for stack in _stacks(model):
+    for stack in stacks:
         for layer in stack.layers:
             layer.compile(**options)
         for hook in HOOKS:
