@@ -1,12 +1,14 @@
 """The two-level bootstrap over seeds and sentences (scripts/study/study_seeds.py, issue 55): its statistics are
 sacrebleu's corpus BLEU, its per-seed differences the per-seed comparisons', its decisions follow their rules."""
 
+import json
 
 import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
 from scripts.study import study_seeds as ss
+from scripts.study.study_provenance import pair_machines
 
 REFS = ["a man rides a red bike down the street", "two dogs play in the snow", "a child is eating an apple",
         "people walk along the beach at sunset", "a woman sings on a stage"] * 4  # fmt: skip
@@ -46,3 +48,54 @@ def test_decisions():
     assert ss.decide([0.1, 2.0], 1.0) == "ahead" and ss.decide([-2.0, -0.1], 1.0) == "behind"
     assert ss.decide([-0.5, 0.9], 1.0) == "level" and ss.decide([-1.5, 0.5], 1.0) == "undecided"
     assert ss.decide([0.1, 2.0], 1.0, seeds=2).startswith("undecided")  # two seeds cannot measure the seed spread
+
+
+def _provenance(run_dir, *types):
+    """A provenance.json with one attempt per machine type given (a CPU model number)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    attempts = [{"attempt": i + 1, "machine": {"cpu": "AMD EPYC", "family": "25", "model": t, "avx512": True, "cores": 2}}
+                for i, t in enumerate(types)]  # fmt: skip
+    (run_dir / "provenance.json").write_text(json.dumps(attempts))
+
+
+def test_each_seeds_pair_is_labelled_by_the_machines_its_runs_trained_on(tmp_path):
+    _provenance(tmp_path / "a", "17")
+    _provenance(tmp_path / "b", "17")
+    _provenance(tmp_path / "c", "1")
+    _provenance(tmp_path / "mixed", "17", "1")  # resumed on another machine type
+    (tmp_path / "old").mkdir()  # trained before the study tool recorded provenance
+    assert pair_machines(tmp_path / "a", tmp_path / "b") == "same"
+    assert pair_machines(tmp_path / "a", tmp_path / "c") == "different"
+    assert pair_machines(tmp_path / "mixed", tmp_path / "a") == "different"
+    assert pair_machines(tmp_path / "old", tmp_path / "a") == "unrecorded"
+
+
+def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_type(tmp_path):
+    """A study of two models, three seeds: seeds 1 and 2 on one machine type, seed 3 on two. The one-machine
+    analysis uses seeds 1 and 2 only, and equals the two-level bootstrap over them."""
+    names = {}
+    runs = []
+    for arch, drops in (("base", {1: 3, 2: 3, 3: 3}), ("sys", {1: 5, 2: 4, 3: 6})):
+        for seed, drop in drops.items():
+            name = f"{arch}.warmup.lr0.001.wu400.s{seed}"
+            names[arch, seed] = name
+            hyps = tmp_path / "runs" / name / "eval" / "hyps"
+            hyps.mkdir(parents=True)
+            (hyps / "test.en").write_text("\n".join(_hyps(drop)) + "\n")
+            _provenance(tmp_path / "runs" / name, "1" if (arch, seed) == ("sys", 3) else "17")
+            runs.append({"arch": arch, "variant": "warmup", "lr": 0.001, "warmup": 400, "seed": seed, "name": name})
+    results = {"choices": [{"arch": a, "variant": "warmup", "lr": 0.001, "warmup": 400} for a in ("base", "sys")],
+               "runs": runs, "models": [{"arch": "base"}, {"arch": "sys"}], "test_set": "test"}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    record = ss.analyse(tmp_path, REFS, margin=1.0, samples=200)
+    (model,) = record["models"]
+    assert model["machines"] == {"1": "same", "2": "same", "3": "different"}
+    assert model["seeds"] == [1, 2, 3] and model["one_machine_type"]["seeds"] == [1, 2]
+    stats = {(a, s): ss.sentence_statistics(_hyps(d), REFS)
+             for a, ds in (("base", {1: 3, 2: 3}), ("sys", {1: 5, 2: 4})) for s, d in ds.items()}  # fmt: skip
+    direct = ss.two_level({s: stats["sys", s] for s in (1, 2)}, {s: stats["base", s] for s in (1, 2)}, samples=200)
+    assert model["one_machine_type"]["mean"] == pytest.approx(direct["mean"], abs=1e-9)
+    assert model["one_machine_type"]["ci"] == pytest.approx(direct["ci"], abs=1e-9)
+    assert model["one_machine_type"]["decision"].startswith("undecided")  # two seeds decide nothing
+    text = ss.markdown({**record, "machine_text": "a machine"}, "python -m scripts.study.study_seeds")
+    assert "1: " in text and "(s)" in text and "(d)" in text and "2, " in text

@@ -12,6 +12,24 @@ def _machine_type(entry: dict) -> str:
     return ", ".join(f"{k} {machine[k]}" for k in MACHINE_KEYS if k in machine)
 
 
+def machine_types(run_dir) -> set[str] | None:
+    """The machine types a run trained on (one per machine its attempts ran on), or None where the run has no
+    provenance.json (trained before the study tool recorded it)."""
+    path = run_dir / "provenance.json"
+    if not path.is_file():
+        return None
+    return {_machine_type(e) for e in json.loads(path.read_text(encoding="utf-8"))}
+
+
+def pair_machines(run_dir, base_dir) -> str:
+    """How a run and its baseline's run of the same seed shared machines: "same" (each on one machine type, the
+    same one), "different", or "unrecorded" (either has no provenance.json)."""
+    mine, theirs = machine_types(run_dir), machine_types(base_dir)
+    if mine is None or theirs is None:
+        return "unrecorded"
+    return "same" if len(mine) == 1 and mine == theirs else "different"
+
+
 def provenance(study, results: dict) -> dict:
     """Each run's attempts from its provenance.json (study_run.Study._record_provenance), and the flags the
     report raises: a run resumed across machines or commits, and a comparison (a run and the baseline's run of

@@ -17,6 +17,13 @@ does not (the test set is shared): var(n) = max(var_seeds - var_sentences, 0) / 
 var_seeds is the sample variance of the per-seed differences and var_sentences the mean per-seed bootstrap
 variance of the difference over sentences.
 
+The machine as a factor: a seed's two runs may have trained on different machine types (a study that spans
+sessions runs where it is given a machine). Their kernels round differently, so the trajectories part as if a
+little extra seed noise were added; the interval over seeds counts that, but a decision could still rest on
+mixed pairs. Each seed's pair is labelled from the runs' provenance.json (study_provenance.pair_machines: same,
+different, unrecorded) and the analysis is repeated over the seeds whose two runs trained on one machine type,
+with its own decision by the same rules.
+
     python -m scripts.study.study_seeds --study docs/study/converged_e12d12 --references REFS \
         [--margin 1.0] [--samples 1000] [--out docs/study/converged_e12d12/seeds]
 """
@@ -37,6 +44,7 @@ from scripts.study.study_common import (
     write_json,
     write_text,
 )
+from scripts.study.study_provenance import pair_machines
 from scripts.study.study_stats import bleu_score, bleu_statistics
 
 Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
@@ -106,12 +114,14 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
     results = json.loads((study / "results.json").read_text(encoding="utf-8"))
     chosen = {(c["arch"], c["variant"]): (c["lr"], c["warmup"]) for c in results["choices"]}
     stats: dict[str, dict[int, np.ndarray]] = {}
+    dirs: dict[str, dict[int, Path]] = {}
     for run in results["runs"]:
         if chosen.get((run["arch"], run["variant"])) != (run["lr"], run["warmup"]):
             continue
         hyp_files = sorted((study / "runs" / run["name"] / "eval" / "hyps").glob(f"{results['test_set']}.*"))
         if hyp_files:
             stats.setdefault(run["arch"], {})[run["seed"]] = sentence_statistics(read_lines(hyp_files[0]), references)
+            dirs.setdefault(run["arch"], {})[run["seed"]] = study / "runs" / run["name"]
     baseline = results["models"][0]["arch"]
     models = []
     for arch in [m["arch"] for m in results["models"][1:]]:
@@ -120,7 +130,15 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
         result = two_level(stats[arch], stats[baseline], samples)
         result["decision"] = decide(result["ci"], margin, len(result["seeds"]))
         result["detectable"] = {n: detectable(result, n) for n in (2, 5, 10)}
-        models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()}})
+        machines = {s: pair_machines(dirs[arch][s], dirs[baseline][s]) for s in result["seeds"]}
+        same = [s for s in result["seeds"] if machines[s] == "same"]
+        one_type = None
+        if same:
+            part = two_level({s: stats[arch][s] for s in same}, stats[baseline], samples)
+            one_type = {"seeds": same, "mean": part["mean"], "ci": part["ci"],
+                        "decision": decide(part["ci"], margin, len(same))}  # fmt: skip
+        models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()},
+                       "machines": {str(k): v for k, v in machines.items()}, "one_machine_type": one_type})  # fmt: skip
     return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models}
 
 
@@ -129,13 +147,21 @@ def markdown(record: dict, command: str) -> str:
              (f"Command: `{command}` on {record['machine_text']}. Two-level paired bootstrap ({record['samples']} draws: seeds with replacement, "
              f"crossed with one resample of the shared test sentences); decision at ±{record['margin']:g} BLEU "
              "(scripts/study/study_seeds.py says how)."), "",
-             "| model | seeds | mean ΔBLEU | 95% CI | decision | per seed | detectable at 2 / 5 / 10 seeds |",
-             "|---|---:|---:|---|---|---|---|"]  # fmt: skip
+             ("The machine as a factor: each seed's pair of runs is labelled from their provenance.json as trained on "
+              "the same machine type (s), on different ones (d) or unrecorded (u, trained before the study tool "
+              "recorded it), and the last column repeats the analysis over the seeds whose two runs trained on one "
+              "machine type."), "",
+             ("| model | seeds | mean ΔBLEU | 95% CI | decision | per seed (machines) | detectable at 2 / 5 / 10 seeds "
+              "| on one machine type: seeds, mean [95% CI], decision |"),
+             "|---|---:|---:|---|---|---|---|---|"]  # fmt: skip
     for m in record["models"]:
         det = " / ".join("-" if m["detectable"][n] is None else f"{m['detectable'][n]:.2f}" for n in (2, 5, 10))
-        per_seed = ", ".join(f"{s}: {d:+.2f}" for s, d in m["per_seed"].items())
+        per_seed = ", ".join(f"{s}: {d:+.2f} ({m['machines'][s][0]})" for s, d in m["per_seed"].items())
+        one = m["one_machine_type"]
+        one_text = ("none" if one is None else f"{len(one['seeds'])}, {one['mean']:+.2f} "
+                    f"[{one['ci'][0]:+.2f}, {one['ci'][1]:+.2f}], {one['decision']}")  # fmt: skip
         lines.append(f"| {m['arch']} | {len(m['seeds'])} | {m['mean']:+.2f} | [{m['ci'][0]:+.2f}, {m['ci'][1]:+.2f}] | "
-                     f"{m['decision']} | {per_seed} | {det} |")  # fmt: skip
+                     f"{m['decision']} | {per_seed} | {det} | {one_text} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
