@@ -88,6 +88,21 @@ def test_values_reach_interval_bounds_and_any_results_file():
             _check(seeds if "at." in text else records, text)
 
 
+def test_decisions_are_read_from_a_seeds_file():
+    seeds = sc.Records({"baseline": "pre", "models": [
+        {"arch": "a", "decision": "ahead", "one_machine_type": {"decision": "undecided (fewer than 3 seeds)"}},
+        {"arch": "b", "decision": "undecided (fewer than 3 seeds)", "one_machine_type": None}]})  # fmt: skip
+    assert _check(seeds, "decided a ahead") is None and "not level" in _check(seeds, "decided a level")
+    assert _check(seeds, "decided a undecided one-machine-type") is None
+    assert _check(seeds, "decided b undecided") is None and _check(seeds, "decided b undecided one-machine-type") is None
+    assert _check(seeds, "decided b ahead one-machine-type") is not None
+    for bad in ("decided a", "decided a better", "decided a ahead some-machines"):
+        with pytest.raises(sc.ClaimError):
+            _check(seeds, bad)
+    with pytest.raises(sc.ClaimError, match="no decision"):
+        _check(_records(("a", 1, 2.0, 1.0, 3.0)), "decided a ahead")
+
+
 def test_malformed_claims_are_errors_not_passes():
     records = _records(("a", 1, 1.0, 0.5, 2.0))
     for text in ("ahaed a", "ahead", "ahead nobody", "value models.a 1", "level a"):

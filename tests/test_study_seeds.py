@@ -72,7 +72,8 @@ def test_each_seeds_pair_is_labelled_by_the_machines_its_runs_trained_on(tmp_pat
 
 def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_type(tmp_path):
     """A study of two models, three seeds: seeds 1 and 2 on one machine type, seed 3 on two. The one-machine
-    analysis uses seeds 1 and 2 only, and equals the two-level bootstrap over them."""
+    analysis uses seeds 1 and 2 only, and equals the two-level bootstrap over them; seed 3, scored after the
+    report listed its runs, counts; an unscored seed 4 does not."""
     names = {}
     runs = []
     for arch, drops in (("base", {1: 3, 2: 3, 3: 3}), ("sys", {1: 5, 2: 4, 3: 6})):
@@ -82,8 +83,13 @@ def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_typ
             hyps = tmp_path / "runs" / name / "eval" / "hyps"
             hyps.mkdir(parents=True)
             (hyps / "test.en").write_text("\n".join(_hyps(drop)) + "\n")
+            (hyps.parent / "results.json").write_text("{}")  # scored
             _provenance(tmp_path / "runs" / name, "1" if (arch, seed) == ("sys", 3) else "17")
-            runs.append({"arch": arch, "variant": "warmup", "lr": 0.001, "warmup": 400, "seed": seed, "name": name})
+            if seed < 3:  # seed 3 landed after the report was made: the analysis finds it in runs/
+                runs.append({"arch": arch, "variant": "warmup", "lr": 0.001, "warmup": 400, "seed": seed, "name": name})
+    unscored = tmp_path / "runs" / "sys.warmup.lr0.001.wu400.s4" / "eval" / "hyps"  # still training: left out
+    unscored.mkdir(parents=True)
+    (unscored / "test.en").write_text("\n".join(_hyps(2)) + "\n")
     results = {"choices": [{"arch": a, "variant": "warmup", "lr": 0.001, "warmup": 400} for a in ("base", "sys")],
                "runs": runs, "models": [{"arch": "base"}, {"arch": "sys"}], "test_set": "test"}  # fmt: skip
     (tmp_path / "results.json").write_text(json.dumps(results))

@@ -26,6 +26,9 @@ defaults to bleu for translation and ppl for language models, where lower is bet
 - ``unranked A B [METRIC]``: neither A ranked above B nor B above A.
 - ``still-falling RUN`` / ``not-falling RUN``: the report's trend rule for one run (``RUN`` is its name).
 - ``stopped RUN HOW``: the run ended by ``patience``, ``updates`` or ``time``.
+- ``decided SYSTEM WORD [one-machine-type]``: in a seeds file (scripts/study/study_seeds.py, seeds.json), the
+  decision over all seeds, or over the seeds whose two runs trained on one machine type, is WORD: ahead, behind,
+  level or undecided (any undecided, including "fewer than 3 seeds").
 - ``value PATH NUMBER``: a number of the records, rounded to NUMBER's decimals, equals NUMBER. ``PATH`` is
   ``models.SYSTEM.KEY`` (the model row at its chosen setting: bleu, chrf, valid_loss, ppl, ...),
   ``runs.RUN.KEY`` (best_valid_loss, bleu, updates, ...), ``diff.SYSTEM.SEED.KEY`` (the comparison SYSTEM names, in
@@ -43,7 +46,8 @@ from pathlib import Path
 CLAIM = re.compile(r"<!--\s*claim\s+([^:>]+?):\s*(.*?)\s*-->", re.DOTALL)
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "ppl": False, "ll": True}
 KINDS = ("ahead", "behind", "level", "not-shown", "seeds-disagree", "ranked", "unranked", "still-falling",
-         "not-falling", "stopped", "value")  # fmt: skip
+         "not-falling", "stopped", "decided", "value")  # fmt: skip
+DECISIONS = ("ahead", "behind", "level", "undecided")  # study_seeds.decide's words
 
 
 class ClaimError(ValueError):
@@ -265,6 +269,16 @@ def check(claim: Claim, records: Records) -> str | None:
         (name, how), _ = _split_metric(args, 2)
         stopped = records.run(name).get("stopped")
         return None if stopped == how else f"{name} stopped by {stopped}, not {how}"
+    if kind == "decided":
+        if len(args) not in (2, 3) or args[1] not in DECISIONS or args[2:] not in ((), ("one-machine-type",)):
+            raise ClaimError(f"decided needs SYSTEM WORD [one-machine-type], WORD one of {', '.join(DECISIONS)}")
+        row = records.model(args[0])
+        if "decision" not in row:
+            raise ClaimError(f"{args[0]} has no decision in these records (decided reads a seeds.json)")
+        if args[2:]:
+            row = row.get("one_machine_type") or {"decision": "undecided (no seed on one machine type)"}
+        actual = row["decision"]
+        return None if actual.split(" ")[0] == args[1] else f"{args[0]}: the decision is {actual}, not {args[1]}"
     if kind == "value":
         if len(args) != 2 or not _is_number(args[1]):
             raise ClaimError("value needs PATH NUMBER")

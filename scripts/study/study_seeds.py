@@ -38,6 +38,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU
 
 from scripts.study.study_common import (
+    Run,
     describe_machine,
     machine,
     read_lines,
@@ -109,19 +110,32 @@ def decide(ci: list[float], margin: float, seeds: int = MIN_SEEDS) -> str:
     return "undecided"
 
 
+def scored_seeds(study: Path, setting: Run) -> dict[int, Path]:
+    """seed -> run folder of every scored run (eval/results.json) of ``setting``'s architecture, variant, lr and
+    warm-up under STUDY/runs, whether or not the study's results.json lists it yet: seeds train one at a time over
+    sessions, and the report that lists them is re-made when a reading changes, this analysis whenever a seed lands."""
+    prefix = setting.name[: -len("0")]  # ARCH.VARIANT.lrLR.wuWARMUP.s
+    found = {}
+    for run_dir in (study / "runs").glob(f"{prefix}*"):
+        seed = run_dir.name[len(prefix):]
+        if seed.isdigit() and (run_dir / "eval" / "results.json").is_file():
+            found[int(seed)] = run_dir
+    return dict(sorted(found.items()))
+
+
 def analyse(study: Path, references: list[str], margin: float, samples: int) -> dict:
-    """Every model of a study's results.json at its chosen setting against the first model."""
+    """Every model of a study's results.json at its chosen setting against the first model, over every scored
+    seed in the study's runs/ (scored_seeds)."""
     results = json.loads((study / "results.json").read_text(encoding="utf-8"))
     chosen = {(c["arch"], c["variant"]): (c["lr"], c["warmup"]) for c in results["choices"]}
     stats: dict[str, dict[int, np.ndarray]] = {}
     dirs: dict[str, dict[int, Path]] = {}
-    for run in results["runs"]:
-        if chosen.get((run["arch"], run["variant"])) != (run["lr"], run["warmup"]):
-            continue
-        hyp_files = sorted((study / "runs" / run["name"] / "eval" / "hyps").glob(f"{results['test_set']}.*"))
-        if hyp_files:
-            stats.setdefault(run["arch"], {})[run["seed"]] = sentence_statistics(read_lines(hyp_files[0]), references)
-            dirs.setdefault(run["arch"], {})[run["seed"]] = study / "runs" / run["name"]
+    for (arch, variant), (lr, warmup) in chosen.items():
+        for seed, run_dir in scored_seeds(study, Run(arch, variant, lr, warmup, 0)).items():
+            hyp_files = sorted((run_dir / "eval" / "hyps").glob(f"{results['test_set']}.*"))
+            if hyp_files:
+                stats.setdefault(arch, {})[seed] = sentence_statistics(read_lines(hyp_files[0]), references)
+                dirs.setdefault(arch, {})[seed] = run_dir
     baseline = results["models"][0]["arch"]
     models = []
     for arch in [m["arch"] for m in results["models"][1:]]:
