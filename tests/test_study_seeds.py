@@ -97,6 +97,7 @@ def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_typ
     (model,) = record["models"]
     assert model["machines"] == {"1": "same", "2": "same", "3": "different"}
     assert model["seeds"] == [1, 2, 3] and model["one_machine_type"]["seeds"] == [1, 2]
+    assert model["seeds_on_one_machine_type"] == 2
     stats = {(a, s): ss.sentence_statistics(_hyps(d), REFS)
              for a, ds in (("base", {1: 3, 2: 3}), ("sys", {1: 5, 2: 4})) for s, d in ds.items()}  # fmt: skip
     direct = ss.two_level({s: stats["sys", s] for s in (1, 2)}, {s: stats["base", s] for s in (1, 2)}, samples=200)

@@ -152,7 +152,8 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
             one_type = {"seeds": same, "mean": part["mean"], "ci": part["ci"],
                         "decision": decide(part["ci"], margin, len(same))}  # fmt: skip
         models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()},
-                       "machines": {str(k): v for k, v in machines.items()}, "one_machine_type": one_type})  # fmt: skip
+                       "machines": {str(k): v for k, v in machines.items()}, "seeds_on_one_machine_type": len(same),
+                       "one_machine_type": one_type})  # fmt: skip
     return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models}
 
 
