@@ -448,6 +448,10 @@ def relay(conn, fds, r):
             code = command(r)
         finally:
             os._exit(code)
+    try:
+        os.setpgid(pid, pid)  # also here: the shim may go (and the group be killed) before the child has set it
+    except OSError:
+        pass
     for fd in fds:
         os.close(fd)
 
@@ -460,10 +464,14 @@ def relay(conn, fds, r):
         os._exit(0)
 
     threading.Thread(target=wait, daemon=True).start()
-    conn.send(b"run")
+    try:
+        conn.send(b"run")
+        gone = False
+    except OSError:  # the shim was killed while handing its command over (a study stopping a run it has just
+        gone = True  # started): the command goes with it, as below, instead of training on unseen (issue 55's CI)
     while True:
         try:
-            message = conn.recv(64)
+            message = b"" if gone else conn.recv(64)
         except OSError:
             message = b""
         if not message:
