@@ -1,6 +1,7 @@
 """Shared by the study tool's tests (test_study*.py): the tiny models and the recipe runner."""
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,26 @@ def recipes_side_by_side(*calls: tuple[str, dict], check: bool = True) -> list[s
     for proc in done if check else []:
         assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return done
+
+
+def log_record(stamp: str, kind: str, updates: int, loss: float) -> str:
+    """One line of fairseq's JSON log (train.log) at 00:``stamp`` of 2026-01-01."""
+    key = {"train_inner": ("num_updates", "loss"), "valid": ("valid_num_updates", "valid_loss")}[kind]
+    return f"2026-01-01 00:{stamp} | INFO | {kind} | " + json.dumps({key[0]: str(updates), key[1]: str(loss)})
+
+
+class Finished:
+    """A training or evaluation process that has already ended with ``status``, having written ``files``."""
+
+    def __init__(self, log_file, status: int, files: dict):
+        self.log_file, self.status, self.files = log_file, status, files
+
+    def poll(self):
+        for path, text in self.files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        self.files = {}
+        return self.status
+
+    def stop(self):
+        pass

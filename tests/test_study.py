@@ -25,7 +25,14 @@ from scripts.study import (
 from . import recipe_fixtures as fx
 from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
 from .helpers import REPO
-from .study_fixtures import MODEL_ARGS, recipe, recipes_side_by_side, slow
+from .study_fixtures import (
+    MODEL_ARGS,
+    Finished,
+    log_record,
+    recipe,
+    recipes_side_by_side,
+    slow,
+)
 
 # the study tool's and the recipes' python processes are forks of a pre-imported interpreter (forkserver.py)
 pytestmark = pytest.mark.usefixtures("python_modules_forked")
@@ -33,21 +40,16 @@ pytestmark = pytest.mark.usefixtures("python_modules_forked")
 # ------------------------------------------------------------------------------------------- in-process
 
 
-def _record(stamp: str, kind: str, updates: int, loss: float) -> str:
-    key = {"train_inner": ("num_updates", "loss"), "valid": ("valid_num_updates", "valid_loss")}[kind]
-    return f"2026-01-01 00:{stamp} | INFO | {kind} | " + json.dumps({key[0]: str(updates), key[1]: str(loss)})
-
-
 def test_curves_follow_a_resumed_run(tmp_path):
     """Records of the interrupted attempt beyond the restored update are replaced; time continues from there."""
     start = study_common._seconds("2026-01-01 00:00:00")
     lines = [study_common.attempt_line(1, start).strip(),
              "2026-01-01 00:00:01 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)",
-             _record("00:10", "train_inner", 2, 9.0), _record("00:12", "valid", 2, 8.5),
-             _record("00:20", "train_inner", 4, 8.0),  # lost: the checkpoint was at update 2
+             log_record("00:10", "train_inner", 2, 9.0), log_record("00:12", "valid", 2, 8.5),
+             log_record("00:20", "train_inner", 4, 8.0),  # lost: the checkpoint was at update 2
              study_common.attempt_line(2, start + 100).strip(),
-             _record("01:50", "train_inner", 3, 8.2), _record("01:55", "train_inner", 4, 7.9),
-             _record("01:57", "valid", 4, 7.5)]  # fmt: skip
+             log_record("01:50", "train_inner", 3, 8.2), log_record("01:55", "train_inner", 4, 7.9),
+             log_record("01:57", "valid", 4, 7.5)]  # fmt: skip
     (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
     curves = study_common.read_curves(tmp_path / "train.log")
     assert curves["parameters"] == 1234 and curves["attempts"] == 2
@@ -216,8 +218,8 @@ def test_early_stopping_follows_fairseqs_rule_across_a_resume(tmp_path):
     runner.run_dir(run_).mkdir(parents=True)
     start = study_common._seconds("2026-01-01 00:00:00")
     lines = [study_common.attempt_line(1, start).strip()]
-    lines += [_record(f"{i:02d}:00", "valid", u, loss) for i, (u, _, loss) in enumerate(valid)]
-    lines += [_record("09:00", "train_inner", 750, 4.0)]
+    lines += [log_record(f"{i:02d}:00", "valid", u, loss) for i, (u, _, loss) in enumerate(valid)]
+    lines += [log_record("09:00", "train_inner", 750, 4.0)]
     (runner.run_dir(run_) / "train.log").write_text("\n".join(lines) + "\n")
     assert runner._finished_before(run_)
     done = json.loads((runner.run_dir(run_) / "DONE.json").read_text())
@@ -436,23 +438,6 @@ def test_report_lists_every_candidate_each_comparison_and_each_run():
     assert f"| {chosen.name} | 800 | updates | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md
 
 
-class _Finished:
-    """A training or evaluation process that has already ended with ``status``, having written ``files``."""
-
-    def __init__(self, log_file, status: int, files: dict):
-        self.log_file, self.status, self.files = log_file, status, files
-
-    def poll(self):
-        for path, text in self.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        self.files = {}
-        return self.status
-
-    def stop(self):
-        pass
-
-
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys):
     from scripts.study import study_run
 
@@ -469,14 +454,14 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
         log = runner.run_dir(run) / "train.log"
         loss = 5.5 - 1000 * run.lr
         start = study_common._seconds("2026-01-01 00:00:00")
-        text = "\n".join([study_common.attempt_line(1, start).strip(), _record("00:01", "train_inner", 4, 6.0),
-                          _record("00:02", "valid", 4, loss), "| done training in 1 s"]) + "\n"  # fmt: skip
-        return _Finished(log, -9 if (run.arch, run.lr, run.seed) in train_fails else 0, {log: text})
+        text = "\n".join([study_common.attempt_line(1, start).strip(), log_record("00:01", "train_inner", 4, 6.0),
+                          log_record("00:02", "valid", 4, loss), "| done training in 1 s"]) + "\n"  # fmt: skip
+        return Finished(log, -9 if (run.arch, run.lr, run.seed) in train_fails else 0, {log: text})
 
     def evaluate(run):
         results = runner.run_dir(run) / "eval" / "results.json"
         failed = (run.arch, run.lr, run.seed) in eval_fails
-        return _Finished(runner.run_dir(run) / "eval.log", 1 if failed else 0, {} if failed else {results: "{}"})
+        return Finished(runner.run_dir(run) / "eval.log", 1 if failed else 0, {} if failed else {results: "{}"})
 
     monkeypatch.setattr(runner, "_train", train)
     monkeypatch.setattr(runner, "_evaluate", evaluate)

@@ -71,6 +71,17 @@ GUIDANCE_CRITERION = "label_smoothed_cross_entropy_with_guidance"
 ATTEMPT = "=== study: attempt "  # the line study.py writes into a run's log before each (re)start
 EARLY_STOP = "=== study: early stop "  # the line the tool writes when it stops a resumed run on PATIENCE
 FAIRSEQ_EARLY_STOP = "early stop since valid performance hasn't improved"
+# fairseq's trainer ends a run whose loss has diverged with one of these FloatingPointErrors (fp32; fp16's loss
+# scaler): the run is a result at that setting (it diverged), not a failure of the tool or the machine
+FAIRSEQ_DIVERGED = ("FloatingPointError: gradients are Nan/Inf", "FloatingPointError: Minimum loss scale reached")
+
+
+def diverged(log_file: Path) -> bool:
+    """Whether the last attempt in ``log_file`` ended with fairseq's divergence error."""
+    if not log_file.is_file():
+        return False
+    last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
+    return any(message in last_attempt for message in FAIRSEQ_DIVERGED)
 
 
 @dataclass(frozen=True)

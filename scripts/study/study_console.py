@@ -14,7 +14,7 @@ class Console:
 
     def _progress(self, runs: list[Run], total: int, skipped: int, final: bool = False) -> None:
         """A line per run; redrawn on a terminal, otherwise printed at each fifth of the work."""
-        done = sum(self.is_evaluated(r) for r in runs)
+        done = sum(self.is_settled(r) for r in runs)
         fraction = self._fraction(runs, total)
         step = int(fraction * 5)
         if not self.tty and not final and (step <= self.last_report or step >= 5):
@@ -35,7 +35,7 @@ class Console:
     def _fraction(self, runs: list[Run], total: int) -> float:
         work = 0.0
         for run in runs:
-            if self.is_evaluated(run):
+            if self.is_settled(run):
                 work += 1
             elif self.is_done(run):
                 work += 0.95
@@ -57,7 +57,9 @@ class Console:
         train = f"{curves['train'][-1][2]:.2f}" if curves["train"] else "-"
         valid = f"{curves['valid'][-1][2]:.2f}" if curves["valid"] else "-"
         seconds = max([p[1] for p in curves["train"] + curves["valid"]], default=0.0)
-        if self.is_evaluated(run):
+        if self.is_diverged(run):
+            state = "diverged"
+        elif self.is_evaluated(run):
             state = "done"
         elif run in self.failed:
             state = "FAILED"

@@ -110,6 +110,8 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
         "bootstrap": args.bootstrap, "margin": args.level_margin,
         "falling_last": args.falling_last, "falling_slope": args.falling_slope,
         "missing": [run.label for run in missing], "report_only": args.report_only, "comparisons": comparisons,
+        "diverged": [{"run": run.name, "updates": study.result(run, evaluated=False)["updates"]}
+                     for run in study.diverged_runs],
         "runs": list(results.items()),
         "provenance": provenance(study, results),
     }  # fmt: skip
@@ -140,6 +142,8 @@ def results_record(args, study, context: dict, info: dict, settings: dict, data:
         "budget_kind": "wall-clock training minutes" if args.budget.minutes else "updates",
         "setup": as_dict(args.setup), "settings": settings, "data": data, "test_set": test_set,
         "models": rows, "reading": context["reading"], "missing": context["missing"], "report_only": args.report_only,
+        # only where a run diverged: the other studies' results.json stay as they were
+        **({"diverged": context["diverged"]} if context.get("diverged") else {}),
         "choices": [{"arch": a, "variant": v, **c} for (a, v), c in choices.items()],
         "comparisons": context["comparisons"],
         "claims": claims(context),

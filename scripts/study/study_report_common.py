@@ -79,10 +79,16 @@ def minutes_text(r: dict) -> str:
 
 
 def partial(context: dict) -> list[str]:
-    if not context.get("missing"):
-        return []
-    return ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
-                + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
+    """The runs of the grid the tables leave out: unfinished ones, and diverged ones (a result, with no score)."""
+    lines = []
+    if context.get("missing"):
+        lines += ["", f"**Partial**: {len(context['missing'])} run(s) of the grid have not finished: "
+                      + ", ".join(f"`{name}`" for name in context["missing"]) + "."]  # fmt: skip
+    if context.get("diverged"):
+        lines += ["", f"**Diverged**: {len(context['diverged'])} run(s) stopped on a NaN/Inf loss (fairseq's "
+                      "FloatingPointError), not evaluated and never chosen: "
+                      + ", ".join(f"`{d['run']}` (last logged update {d['updates']})" for d in context["diverged"]) + "."]  # fmt: skip
+    return lines
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,8 @@ def runs_and_choices(context: dict, choices: dict) -> list[str]:
                       "|---:|---:|---:|---:|---|"]  # fmt: skip
             for c in choice["candidates"]:
                 mark = "yes" if (c["lr"], c["warmup"]) == (choice["lr"], choice["warmup"]) else ""
-                lines.append(f"| {c['lr']:g} | {c['warmup']} | {_fmt(c['valid_loss'], None, 3)} | "
-                             f"{_fmt(c['best_valid_loss'], None, 3)} | {mark} |")  # fmt: skip
+                best = f"diverged (last logged update {c['diverged']})" if "diverged" in c else _fmt(c["best_valid_loss"], None, 3)
+                lines.append(f"| {c['lr']:g} | {c['warmup']} | {_fmt(c['valid_loss'], None, 3)} | {best} | {mark} |")
             lines += [""] + [f"**Edge of the grid**: the choice is {note}." for note in choice.get("edges", [])]
             lines += [""] if choice.get("edges") else []
     return lines

@@ -7,6 +7,8 @@ that finished are reused. Early stopping (PATIENCE) is fairseq's ``--patience``;
 count when a run is resumed, the tool applies the same rule to the run's whole validation record
 (study_common.early_stop) and stops a resumed run itself at the validation an uninterrupted run stops at.
 A failed run (Study._fail) does not stop the others; study.py ends with the partial report and an error.
+A run whose loss diverged (fairseq's FloatingPointError, study_common.diverged) is a result, not a failure: its
+DONE.json says ``"stopped": "diverged"``, it is not evaluated, never chosen, and the report lists it.
 """
 
 import itertools
@@ -31,6 +33,7 @@ from scripts.study.study_common import (
     attempt_line,
     command_differences,
     cpu_identity,
+    diverged,
     early_stop,
     exit_text,
     git_commit,
@@ -117,6 +120,7 @@ class Study(Console):
         self.tty = sys.stdout.isatty()
         self.drawn = 0
         self._provenance: dict | None = None
+        self.diverged_runs: list[Run] = []  # of the runs handed to the report (Study.scored)
 
     def _hook(self):
         value = os.environ.get(INTERRUPT_HOOK)
@@ -133,6 +137,19 @@ class Study(Console):
 
     def is_evaluated(self, run: Run) -> bool:
         return (self.run_dir(run) / "eval" / "results.json").is_file()
+
+    def is_diverged(self, run: Run) -> bool:
+        done = self.run_dir(run) / "DONE.json"
+        return done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("stopped") == "diverged"
+
+    def is_settled(self, run: Run) -> bool:
+        """Nothing left to do for the run: evaluated, or diverged (nothing to evaluate)."""
+        return self.is_evaluated(run) or self.is_diverged(run)
+
+    def scored(self, runs: list[Run]) -> list[Run]:
+        """The runs with scores for the report; the diverged ones are kept in ``self.diverged_runs`` for it."""
+        self.diverged_runs = [run for run in runs if self.is_diverged(run)]
+        return [run for run in runs if run not in self.diverged_runs]
 
     # ---------------------------------------------------------------------------------- scheduling
 
@@ -164,7 +181,7 @@ class Study(Console):
             failed_groups = {run.group for run in tuning if run in self.failed}
             self.blocked = [run for run in later if run not in resolved and run.group in failed_groups]
             all_runs = tuning + list(resolved.values())
-            for run in [r for r in all_runs if self.is_done(r) and not self.is_evaluated(r) and r not in self.failed]:
+            for run in [r for r in all_runs if self.is_done(r) and not self.is_settled(r) and r not in self.failed]:
                 if run not in self.evals and len(self.train) + len(self.evals) < self.args.jobs:
                     self.evals[run] = self._evaluate(run)
             while pending_train and len(self.train) + len(self.evals) < self.args.jobs:
@@ -177,11 +194,11 @@ class Study(Console):
                 raise KeyboardInterrupt
             self._progress(all_runs, total, skipped)
             if (not pending_train and not self.train and not self.evals and len(resolved) + len(self.blocked) == len(later)
-                    and all(self.is_evaluated(r) or r in self.failed for r in all_runs)):  # fmt: skip
+                    and all(self.is_settled(r) or r in self.failed for r in all_runs)):  # fmt: skip
                 self._progress(all_runs, total, skipped, final=True)
                 # in the grid's order (as REPORT_ONLY lists them), not the order the later seeds' settings were chosen
                 ordered = tuning + [resolved[r] for r in later if r in resolved]
-                return [r for r in ordered if r not in self.failed]
+                return self.scored([r for r in ordered if r not in self.failed])
             self._wait(0.5 if self.hook else 2.0)
 
     def _wait(self, seconds: float) -> None:
@@ -198,14 +215,23 @@ class Study(Console):
 
     def finished_runs(self, tuning: list[Run], later: list[Run]) -> tuple[list[Run], list[Run]]:
         """(finished and evaluated runs, the others) of the grid, for a report without training (REPORT_ONLY)."""
+        self._record_divergence(tuning)  # first: a diverged tuning run is part of its group's choice
         choices = self._choices(tuning)
         resolved = {run: self.resolve(run, choices) for run in later}
         runs = tuning + [target for target in resolved.values() if target is not None]
         runs += [run for run, target in resolved.items() if target is None]  # unresolved: missing
-        done = [run for run in runs if self.is_done(run) and self.is_evaluated(run)]
+        self._record_divergence(runs)
+        done = [run for run in runs if self.is_done(run) and self.is_settled(run)]
         for run in done:
             self._check_reusable(run)
-        return done, [run for run in runs if run not in done]
+        return self.scored(done), [run for run in runs if run not in done]
+
+    def _record_divergence(self, runs: list[Run]) -> None:
+        """DONE.json for the runs that diverged before the study recorded it (or under an older tool, which
+        failed them): a result to report, and to choose without."""
+        for run in runs:
+            if not self.is_done(run) and diverged(self.run_dir(run) / "train.log"):
+                self._mark_done(run, diverged=True)
 
     def _fail(self, run: Run, why: str) -> None:
         """A run that failed: said now, and the study goes on with the runs that do not depend on it (a later
@@ -231,7 +257,7 @@ class Study(Console):
                               f"set-up ({'; '.join(differences)}): use a new OUT_DIR, or the settings it was made with")  # fmt: skip
 
     def _finished_before(self, run: Run) -> bool:
-        """A run whose fairseq-train ended normally but was stopped before DONE.json: marked done now.
+        """A run whose fairseq-train ended normally (or diverged) but was stopped before DONE.json: marked done now.
 
         Restarting it would not be a no-op: fairseq resumed from a checkpoint saved at MAX_UPDATE at the end of an
         epoch makes one more update before it checks the limit.
@@ -242,6 +268,9 @@ class Study(Console):
         stop = early_stop(read_curves(log_file)["valid"], self.args.budget.patience)
         if stop is not None:  # interrupted after its record already met the patience rule
             self._stop_early(run, stop)
+            return True
+        if diverged(log_file):  # its last attempt diverged before the study recorded it (or under an older tool)
+            self._mark_done(run, diverged=True)
             return True
         last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
         if "| done training in" not in last_attempt or INTERRUPTED in last_attempt:
@@ -259,7 +288,7 @@ class Study(Console):
             f.write(f"{EARLY_STOP}at {updates} updates (patience {self.args.budget.patience})\n")
         self._mark_done(run, early_stop_at=updates)
 
-    def _mark_done(self, run: Run, early_stop_at: int | None = None) -> None:
+    def _mark_done(self, run: Run, early_stop_at: int | None = None, diverged: bool = False) -> None:
         log_file = self.run_dir(run) / "train.log"
         curves = read_curves(log_file)
         if early_stop_at is None and FAIRSEQ_EARLY_STOP in log_file.read_text(encoding="utf-8", errors="replace"):
@@ -270,6 +299,8 @@ class Study(Console):
             record["stopped"] = "patience" if early_stop_at else ("time" if self.args.budget.minutes and
                                                                   updates < (self.args.budget.max_update or updates + 1)
                                                                   else "updates")  # fmt: skip
+        if diverged:  # with or without PATIENCE: the report and the choice read it
+            record["stopped"] = "diverged"
         write_json(self.run_dir(run) / "DONE.json", record)
         self.finished.append(run)
 
@@ -362,6 +393,11 @@ class Study(Console):
                 self._stop_early(run, stop)
                 continue
             del self.train[run]
+            if status != 0 and diverged(proc.log_file):
+                self._mark_done(run, diverged=True)
+                print(f"[{self.args.defaults.tag}] {run.name} diverged (fairseq stopped it on a NaN/Inf loss): recorded "
+                      f"as diverged, not evaluated, never chosen; see {proc.log_file}", flush=True)  # fmt: skip
+                continue
             if status != 0:
                 self._fail(run, f"training {run.name} failed ({exit_text(status)}); see {proc.log_file}")
                 continue
@@ -429,6 +465,8 @@ class Study(Console):
                "seconds": max([p[1] for p in curves["train"] + curves["valid"]], default=0.0),
                "best_valid_loss": best[2] if best else None, "best_valid_update": best[0] if best else None,
                "stopped": done.get("stopped")}  # fmt: skip
+        if out["stopped"] == "diverged":  # what it validated before diverging is no candidate for the choice
+            out.update(best_valid_loss=None, best_valid_update=None)
         if evaluated and self.lm:
             out.update(study_lm.read_eval(json.loads((self.run_dir(run) / "eval" / "results.json").read_text(encoding="utf-8"))))
         elif evaluated:

@@ -44,12 +44,14 @@ def _score(result: dict) -> float | None:
 
 
 def choose_settings(results: dict[Run, dict], first_seed: int) -> dict[tuple[str, str], dict]:
-    """group -> {"lr", "warmup", "candidates": [{"lr", "warmup", "valid_loss", "best_valid_loss"}]}."""
+    """group -> {"lr", "warmup", "candidates": [{"lr", "warmup", "valid_loss", "best_valid_loss"}]}; a diverged
+    candidate also has "diverged" (its last logged update) and no best valid loss: never chosen."""
     by_group: dict[tuple[str, str], list] = {}
     for run, result in results.items():
         if run.seed == first_seed:
             by_group.setdefault(run.group, []).append({"lr": run.lr, "warmup": run.warmup, "valid_loss": result["valid_loss"],
-                                                       "best_valid_loss": _score(result)})  # fmt: skip
+                                                       "best_valid_loss": _score(result),
+                                                       **({"diverged": result["updates"]} if result.get("stopped") == "diverged" else {})})  # fmt: skip
     choices = {}
     for group, candidates in by_group.items():
         scored = [c for c in candidates if c["best_valid_loss"] is not None and math.isfinite(c["best_valid_loss"])]

@@ -249,7 +249,7 @@ def make_executor(args, script_only: bool = False):
 
 
 def _finished(study: Study, run: Run) -> bool:
-    return study.is_done(run) and study.is_evaluated(run)
+    return study.is_done(run) and study.is_settled(run)
 
 
 def _records(study: Study) -> Path:
@@ -350,7 +350,7 @@ def execute(study: Study, tuning: list[Run], later: list[Run]) -> list[Run]:
         all_runs = tuning + list(resolved.values())
         if not active:
             study._progress(all_runs, total, skipped, final=True)
-            return [run for run in all_runs if run not in study.failed]
+            return study.scored([run for run in all_runs if run not in study.failed])
         job = next(as_completed(active, poll_frequency=POLL_SECONDS[study.args.executor]))
         active.remove(job)
         collect(study, jobs[job], job)
