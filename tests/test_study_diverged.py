@@ -7,7 +7,14 @@ In-process: the study's training and evaluation processes are replaced by ones t
 
 import json
 
-from scripts.study import study, study_common, study_report_common, study_run
+from scripts.study import (
+    study,
+    study_common,
+    study_pairing,
+    study_report,
+    study_report_common,
+    study_run,
+)
 
 from .study_fixtures import Finished, log_record
 
@@ -73,6 +80,15 @@ def test_a_diverged_run_is_recorded_never_evaluated_nor_chosen(tmp_path, monkeyp
     scored, missing = again.finished_runs(tuning, later)
     assert len(scored) == 3 and missing == [] and again.diverged_runs == [diverged_run]
     assert "diverged" in again._status(diverged_run)
+    # the report's choice (from the scored runs' results) lists the diverged candidate and has no edge either
+    monkeypatch.setattr(again, "result", lambda run, evaluated=True, result=again.result: result(run, evaluated=False))
+    _, choices, chosen = study_pairing.chosen_results(again, scored, args)
+    choice = choices[("transformer_preln_e6d6", "warmup")]
+    assert choice["lr"] == 2e-3 and choice["edges"] == [] and [c["lr"] for c in choice["candidates"]] == [1e-3, 2e-3, 4e-3]
+    assert sorted((r.lr, r.seed) for r in chosen) == [(2e-3, 1), (2e-3, 2)]
+    assert study_report_common.diverged_text(context["diverged"]) == (
+        f" 1 run(s) diverged (a NaN/Inf loss stopped fairseq) and have no score: {diverged_run.name}.")
+    assert study_report_common.diverged_text([]) == ""
 
 
 def test_a_run_that_diverged_before_the_study_recorded_it_is_recognised_from_its_log(tmp_path, monkeypatch):
@@ -103,3 +119,16 @@ def test_only_fairseqs_divergence_errors_count_and_only_in_the_last_attempt(tmp_
     assert study_common.diverged(log)
     log.write_text("Killed\nRuntimeError: out of memory\n")
     assert not study_common.diverged(log) and not study_common.diverged(tmp_path / "absent.log")
+
+
+def test_the_reading_names_diverged_runs_and_models_with_fewer_seeds():
+    def row(arch, seeds, bleu):
+        return {"arch": arch, "variant": "warmup", "valid_loss": 4.5, "first_valid_loss": 9.0, "bleu": bleu,
+                "seeds": seeds, "p_values": None, "reached": 0, "compared": 0, "reach_updates": None}  # fmt: skip
+
+    diverged = [{"run": "t.warmup.lr0.008.wu100.s2", "updates": 150}]
+    text = study_report.reading([row("pre", [1, 2], 24.0), row("t", [1], 30.0)], "800 updates each", diverged=diverged)
+    assert "with 2 seeds at most (the seeds column: fewer where a run has no score, unfinished or diverged)" in text
+    assert text.endswith(" 1 run(s) diverged (a NaN/Inf loss stopped fairseq) and have no score: t.warmup.lr0.008.wu100.s2.")
+    even = study_report.reading([row("pre", [1, 2], 24.0), row("t", [1, 2], 30.0)], "800 updates each")
+    assert "with 2 seeds; ± is the spread over seeds." in even and "diverged" not in even

@@ -31,6 +31,7 @@ from scripts.study.study_report_common import (
     _trend_text,
     claims_section,
     comparison_sections,
+    diverged_text,
     heading,
     partial,
     results_table,
@@ -167,6 +168,7 @@ def reading(rows: list[dict], context: dict, missing: int = 0, total: int = 0, r
     if falling:
         caveat += (f" The validation loss was still falling at the end in {falling} of {len(trends)} runs (a "
                    f"{_trend_text(context)}): those runs stopped short of convergence.")  # fmt: skip
+    caveat += diverged_text(context.get("diverged", ()))
     partial = f"Partial report, {total - missing} of {total} runs. " if missing else ""
     return partial + f"After {context['budget_text']}: " + " ".join(parts) + caveat
 

@@ -37,7 +37,9 @@ def chosen_results(study, runs: list, args) -> tuple[dict, dict, dict]:
     results = {run: study.result(run) for run in runs}
     for r in results.values():
         r["trend"] = study_stats.trend(r["curves"]["valid"], args.falling_last, args.falling_slope, r.get("stopped"))
-    choices = study_stats.choose_settings(results, args.seed_list[0])
+    # the diverged runs (no scores) are candidates too: shown as diverged, and bounding the grid's edge
+    diverged = {run: study.result(run, evaluated=False) for run in study.diverged_runs}
+    choices = study_stats.choose_settings({**results, **diverged}, args.seed_list[0])
     chosen = {run: r for run, r in results.items() if _chosen(run, choices)}
     return results, choices, chosen
 

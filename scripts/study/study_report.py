@@ -39,6 +39,7 @@ from scripts.study.study_report_common import (
     _trend_text,
     claims_section,
     comparison_sections,
+    diverged_text,
     heading,
     partial,
     results_table,
@@ -80,7 +81,7 @@ def report(args, study, runs: list[Run], data: Path, manifest: dict, info: dict,
     }  # fmt: skip
     context["reading"] = reading(rows, context["budget_text"], missing=len(missing), total=len(runs) + len(missing),
                                  margin=args.level_margin, runs=list(results.values()), choices=choices,
-                                 trend_text=_trend_text(context))  # fmt: skip
+                                 trend_text=_trend_text(context), diverged=context["diverged"])  # fmt: skip
     write_text(out / "results.md", markdown(rows, choices, context))
     write_json(out / "results.json", results_record(args, study, context, info, settings, shown_path(data, repo),
                                                     study.test_set["name"], rows, choices, results, repo, "hyps"))
@@ -149,7 +150,7 @@ def _bleu_text(r: dict, base: dict, margin: float | None) -> str:
 
 
 def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0, margin: float | None = None,
-            runs: list[dict] = (), choices: dict | None = None, trend_text: str = "") -> str:  # fmt: skip
+            runs: list[dict] = (), choices: dict | None = None, trend_text: str = "", diverged: list[dict] = ()) -> str:  # fmt: skip
     """One paragraph that says what the numbers say, with wording chosen from the numbers themselves."""
     if not rows:
         return "No run finished."
@@ -181,12 +182,14 @@ def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0
                          + (f" in every seed ({r['reached']}/{r['compared']})" if r["reached"] else ""))  # fmt: skip
             sentences.append(desc)
         parts.append("; ".join(sentences) + ".")
-    seeds = max(len(r["seeds"]) for r in rows)
+    counts = {len(r["seeds"]) for r in rows}
+    seeds = max(counts)
     stops = sum(r.get("stopped") == "patience" for r in runs)
     caveat = (f" This is {budget_text} with one seed: "
               + ("it shows the early phase of training at this budget, not converged quality, and " if not stops else "")
               + "there is no spread to judge noise by." if seeds == 1
-              else f" This is {budget_text} with {seeds} seeds; ± is the spread over seeds.")  # fmt: skip
+              else f" This is {budget_text} with {seeds} seeds" + ("" if len(counts) == 1 else " at most (the seeds "
+                   "column: fewer where a run has no score, unfinished or diverged)") + "; ± is the spread over seeds.")  # fmt: skip
     caveat += stopping_text(runs)
     trends = [r["trend"] for r in runs if r.get("trend")]
     falling = sum(bool(t["falling"]) for t in trends)
@@ -199,6 +202,7 @@ def reading(rows: list[dict], budget_text: str, missing: int = 0, total: int = 0
     edges = [f"{arch} ({variant}): {note}" for (arch, variant), c in (choices or {}).items() for note in c.get("edges", [])]
     if edges:
         caveat += " The learning-rate/warm-up choice lies on the edge of its grid for " + "; ".join(edges) + "."
+    caveat += diverged_text(diverged)
     partial = (f"Partial report, {total - missing} of {total} runs: the means are over the seeds each model has "
                "so far (the seeds column), the significance tests over the seeds its baseline has too. " if missing else "")
     return partial + f"After {budget_text}: " + " ".join(parts) + caveat

@@ -78,6 +78,14 @@ def minutes_text(r: dict) -> str:
     return f"{_fmt(minutes, minutes_std, 1)} min"
 
 
+def diverged_text(diverged: list[dict]) -> str:
+    """The reading's sentence on the runs that diverged (results.json's ``diverged``), or nothing."""
+    if not diverged:
+        return ""
+    return (f" {len(diverged)} run(s) diverged (a NaN/Inf loss stopped fairseq) and have no score: "
+            + ", ".join(d["run"] for d in diverged) + ".")  # fmt: skip
+
+
 def partial(context: dict) -> list[str]:
     """The runs of the grid the tables leave out: unfinished ones, and diverged ones (a result, with no score)."""
     lines = []
