@@ -75,6 +75,10 @@ def test_values_match_to_the_digits_written():
     assert _check(records, "value count.ahead 1") is None
     assert _check(records, "still-falling pre.warmup.lr0.001.wu400.s1") is None
     assert _check(records, "stopped pre.warmup.lr0.001.wu400.s1 patience") is not None
+    # a diverged run has no score (not in runs): results.json's diverged list says how it stopped
+    records.results["diverged"] = [{"name": "a.warmup.lr0.016.wu400.s1", "updates": 50}]
+    assert _check(records, "stopped a.warmup.lr0.016.wu400.s1 diverged") is None
+    assert _check(records, "stopped pre.warmup.lr0.001.wu400.s1 diverged") is not None
 
 
 def test_values_reach_interval_bounds_and_any_results_file():

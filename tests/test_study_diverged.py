@@ -71,7 +71,7 @@ def test_a_diverged_run_is_recorded_never_evaluated_nor_chosen(tmp_path, monkeyp
     context = {"runs": [], "falling_last": 500, "falling_slope": 0.01}
     assert "| 0.004 | 400 | 1.500 | diverged (last logged update 3) |  |" in study_report_common.runs_and_choices(
         context, runner._choices(tuning))  # fmt: skip
-    context = {"missing": [], "diverged": [{"run": diverged_run.name, "updates": 3}]}
+    context = {"missing": [], "diverged": [{"name": diverged_run.name, "updates": 3}]}
     assert study_report_common.partial(context) == [
         "", ("**Diverged**: 1 run(s) stopped on a NaN/Inf loss (fairseq's FloatingPointError), not evaluated and never "
              f"chosen: `{diverged_run.name}` (last logged update 3).")]  # fmt: skip
@@ -126,7 +126,7 @@ def test_the_reading_names_diverged_runs_and_models_with_fewer_seeds():
         return {"arch": arch, "variant": "warmup", "valid_loss": 4.5, "first_valid_loss": 9.0, "bleu": bleu,
                 "seeds": seeds, "p_values": None, "reached": 0, "compared": 0, "reach_updates": None}  # fmt: skip
 
-    diverged = [{"run": "t.warmup.lr0.008.wu100.s2", "updates": 150}]
+    diverged = [{"name": "t.warmup.lr0.008.wu100.s2", "updates": 150}]
     text = study_report.reading([row("pre", [1, 2], 24.0), row("t", [1], 30.0)], "800 updates each", diverged=diverged)
     assert "with 2 seeds at most (the seeds column: fewer where a run has no score, unfinished or diverged)" in text
     assert text.endswith(" 1 run(s) diverged (a NaN/Inf loss stopped fairseq) and have no score: t.warmup.lr0.008.wu100.s2.")

@@ -25,7 +25,8 @@ defaults to bleu for translation and ppl for language models, where lower is bet
   wholly on the better side of B's (the intervals separate).
 - ``unranked A B [METRIC]``: neither A ranked above B nor B above A.
 - ``still-falling RUN`` / ``not-falling RUN``: the report's trend rule for one run (``RUN`` is its name).
-- ``stopped RUN HOW``: the run ended by ``patience``, ``updates`` or ``time``.
+- ``stopped RUN HOW``: the run ended by ``patience``, ``updates``, ``time`` or ``diverged`` (a NaN/Inf loss: the
+  run has no score and is listed in results.json's ``diverged``).
 - ``decided SYSTEM WORD [one-machine-type]``: in a seeds file (scripts/study/study_seeds.py, seeds.json), the
   decision over all seeds, or over the seeds whose two runs trained on one machine type, is WORD: ahead, behind,
   level or undecided (any undecided, including "fewer than 3 seeds").
@@ -267,7 +268,8 @@ def check(claim: Claim, records: Records) -> str | None:
         return None if falling == (kind == "still-falling") else f"{name}: still falling is {falling}"
     if kind == "stopped":
         (name, how), _ = _split_metric(args, 2)
-        stopped = records.run(name).get("stopped")
+        diverged = {d["name"] for d in records.results.get("diverged", [])}
+        stopped = "diverged" if name in diverged else records.run(name).get("stopped")
         return None if stopped == how else f"{name} stopped by {stopped}, not {how}"
     if kind == "decided":
         if len(args) not in (2, 3) or args[1] not in DECISIONS or args[2:] not in ((), ("one-machine-type",)):

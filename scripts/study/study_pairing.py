@@ -112,7 +112,7 @@ def run_context(args, study, info: dict, started: str, env_vars: tuple, results:
         "bootstrap": args.bootstrap, "margin": args.level_margin,
         "falling_last": args.falling_last, "falling_slope": args.falling_slope,
         "missing": [run.label for run in missing], "report_only": args.report_only, "comparisons": comparisons,
-        "diverged": [{"run": run.name, "updates": study.result(run, evaluated=False)["updates"]}
+        "diverged": [{"name": run.name, "updates": study.result(run, evaluated=False)["updates"]}
                      for run in study.diverged_runs],
         "runs": list(results.items()),
         "provenance": provenance(study, results),

@@ -83,7 +83,7 @@ def diverged_text(diverged: list[dict]) -> str:
     if not diverged:
         return ""
     return (f" {len(diverged)} run(s) diverged (a NaN/Inf loss stopped fairseq) and have no score: "
-            + ", ".join(d["run"] for d in diverged) + ".")  # fmt: skip
+            + ", ".join(d["name"] for d in diverged) + ".")  # fmt: skip
 
 
 def partial(context: dict) -> list[str]:
@@ -95,7 +95,7 @@ def partial(context: dict) -> list[str]:
     if context.get("diverged"):
         lines += ["", f"**Diverged**: {len(context['diverged'])} run(s) stopped on a NaN/Inf loss (fairseq's "
                       "FloatingPointError), not evaluated and never chosen: "
-                      + ", ".join(f"`{d['run']}` (last logged update {d['updates']})" for d in context["diverged"]) + "."]  # fmt: skip
+                      + ", ".join(f"`{d['name']}` (last logged update {d['updates']})" for d in context["diverged"]) + "."]  # fmt: skip
     return lines
 
 
