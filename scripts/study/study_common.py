@@ -76,12 +76,17 @@ FAIRSEQ_EARLY_STOP = "early stop since valid performance hasn't improved"
 FAIRSEQ_DIVERGED = ("FloatingPointError: gradients are Nan/Inf", "FloatingPointError: Minimum loss scale reached")
 
 
+def last_attempt(log_file: Path) -> str:
+    """The text of the last attempt in a run's ``train.log`` (after its last ATTEMPT line); "" without the file."""
+    if not log_file.is_file():
+        return ""
+    return log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
+
+
 def diverged(log_file: Path) -> bool:
     """Whether the last attempt in ``log_file`` ended with fairseq's divergence error."""
-    if not log_file.is_file():
-        return False
-    last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
-    return any(message in last_attempt for message in FAIRSEQ_DIVERGED)
+    text = last_attempt(log_file)
+    return any(message in text for message in FAIRSEQ_DIVERGED)
 
 
 @dataclass(frozen=True)

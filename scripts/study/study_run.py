@@ -23,7 +23,6 @@ from pathlib import Path
 
 from scripts.study import study_checks, study_lm, study_stats
 from scripts.study.study_common import (
-    ATTEMPT,
     EARLY_STOP,
     FAIRSEQ_EARLY_STOP,
     REPO,
@@ -37,6 +36,7 @@ from scripts.study.study_common import (
     early_stop,
     exit_text,
     git_commit,
+    last_attempt,
     last_saved_update,
     machine,
     portable_command,
@@ -272,16 +272,15 @@ class Study(Console):
         if diverged(log_file):  # its last attempt diverged before the study recorded it (or under an older tool)
             self._mark_done(run, diverged=True)
             return True
-        last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
-        if "| done training in" not in last_attempt or INTERRUPTED in last_attempt:
+        text = last_attempt(log_file)
+        if "| done training in" not in text or INTERRUPTED in text:
             return False
         self._mark_done(run)
         return True
 
     @staticmethod
     def _fairseq_stopped(log_file: Path) -> bool:
-        last_attempt = log_file.read_text(encoding="utf-8", errors="replace").rsplit(ATTEMPT, 1)[-1]
-        return FAIRSEQ_EARLY_STOP in last_attempt
+        return FAIRSEQ_EARLY_STOP in last_attempt(log_file)
 
     def _stop_early(self, run: Run, updates: int) -> None:
         with open(self.run_dir(run) / "train.log", "a", encoding="utf-8") as f:
