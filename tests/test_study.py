@@ -17,6 +17,7 @@ import pytest
 from scripts.study import (
     study,
     study_common,
+    study_logs,
     study_report,
     study_report_common,
     study_stats,
@@ -42,21 +43,21 @@ pytestmark = pytest.mark.usefixtures("python_modules_forked")
 
 def test_curves_follow_a_resumed_run(tmp_path):
     """Records of the interrupted attempt beyond the restored update are replaced; time continues from there."""
-    start = study_common._seconds("2026-01-01 00:00:00")
-    lines = [study_common.attempt_line(1, start).strip(),
+    start = study_logs._seconds("2026-01-01 00:00:00")
+    lines = [study_logs.attempt_line(1, start).strip(),
              "2026-01-01 00:00:01 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)",
              log_record("00:10", "train_inner", 2, 9.0), log_record("00:12", "valid", 2, 8.5),
              log_record("00:20", "train_inner", 4, 8.0),  # lost: the checkpoint was at update 2
-             study_common.attempt_line(2, start + 100).strip(),
+             study_logs.attempt_line(2, start + 100).strip(),
              log_record("01:50", "train_inner", 3, 8.2), log_record("01:55", "train_inner", 4, 7.9),
              log_record("01:57", "valid", 4, 7.5)]  # fmt: skip
     (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
-    curves = study_common.read_curves(tmp_path / "train.log")
+    curves = study_logs.read_curves(tmp_path / "train.log")
     assert curves["parameters"] == 1234 and curves["attempts"] == 2
     assert curves["train"] == [(2, 10.0, 9.0), (3, 22.0, 8.2), (4, 27.0, 7.9)]
     assert curves["valid"] == [(2, 12.0, 8.5), (4, 29.0, 7.5)]
-    assert study_common.reached(curves["valid"], 8.0) == (4, 29.0)
-    assert study_common.reached(curves["valid"], 7.0) is None
+    assert study_logs.reached(curves["valid"], 8.0) == (4, 29.0)
+    assert study_logs.reached(curves["valid"], 7.0) is None
 
 
 def test_settings_are_chosen_on_valid_loss_and_later_seeds_use_them():
@@ -208,16 +209,16 @@ def test_early_stopping_follows_fairseqs_rule_across_a_resume(tmp_path):
             delattr(should_stop_early, attr)
     fairseq_stop = next(i for i, loss in enumerate(losses) if should_stop_early(cfg, loss))
     valid = [(100 * (i + 1), 0.0, loss) for i, loss in enumerate(losses)]
-    assert study_common.early_stop(valid, 3) == valid[fairseq_stop][0] == 700
-    assert study_common.early_stop(valid, 4) is None and study_common.early_stop(valid, 0) is None
+    assert study_logs.early_stop(valid, 3) == valid[fairseq_stop][0] == 700
+    assert study_logs.early_stop(valid, 4) is None and study_logs.early_stop(valid, 0) is None
     # a run interrupted after update 700 with no DONE.json: marked done at 700, what came later is dropped
     args = study.parse_args(["--archs", "transformer_preln_e6d6", "--seeds", "1", "--max-update", "1000",
                              "--valid-every", "100", "--patience", "3", "--out-dir", str(tmp_path)])  # fmt: skip
     run_ = study_common.Run("transformer_preln_e6d6", "warmup", 1e-3, 400, 1)
     runner = study.Study(args, tmp_path, {})
     runner.run_dir(run_).mkdir(parents=True)
-    start = study_common._seconds("2026-01-01 00:00:00")
-    lines = [study_common.attempt_line(1, start).strip()]
+    start = study_logs._seconds("2026-01-01 00:00:00")
+    lines = [study_logs.attempt_line(1, start).strip()]
     lines += [log_record(f"{i:02d}:00", "valid", u, loss) for i, (u, _, loss) in enumerate(valid)]
     lines += [log_record("09:00", "train_inner", 750, 4.0)]
     (runner.run_dir(run_) / "train.log").write_text("\n".join(lines) + "\n")
@@ -291,10 +292,10 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     assert "from before)" in second.stdout
     for name, mtime in done.items():  # finished runs were skipped: one attempt, the same marker
         assert (runs / name / "DONE.json").stat().st_mtime_ns == mtime
-        assert study_common.read_curves(runs / name / "train.log")["attempts"] == 1
+        assert study_logs.read_curves(runs / name / "train.log")["attempts"] == 1
     log = (hooked[0] / "train.log").read_text()
     assert "(epoch 3 @ 2 updates)" in log  # the interrupted run continued from its checkpoint_last.pt
-    curves = study_common.read_curves(hooked[0] / "train.log")
+    curves = study_logs.read_curves(hooked[0] / "train.log")
     assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
     # every attempt records where it ran and from what; the resumed one, the update it continued from
     provenance = json.loads((hooked[0] / "provenance.json").read_text())
@@ -344,7 +345,7 @@ def test_interrupted_grid_restarts_without_retraining(tmp_path):
     for proc in (third, reported):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, mtime in done.items():
-        assert study_common.read_curves(copy / "runs" / name / "train.log")["attempts"] == 1
+        assert study_logs.read_curves(copy / "runs" / name / "train.log")["attempts"] == 1
     again = json.loads((copy / "results.json").read_text())
     assert [r["bleu"] for r in again["runs"]] == [r["bleu"] for r in results["runs"]], third.stdout[-2000:]
     report = json.loads((partial / "results.json").read_text())
@@ -453,8 +454,8 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, ca
     def train(run):
         log = runner.run_dir(run) / "train.log"
         loss = 5.5 - 1000 * run.lr
-        start = study_common._seconds("2026-01-01 00:00:00")
-        text = "\n".join([study_common.attempt_line(1, start).strip(), log_record("00:01", "train_inner", 4, 6.0),
+        start = study_logs._seconds("2026-01-01 00:00:00")
+        text = "\n".join([study_logs.attempt_line(1, start).strip(), log_record("00:01", "train_inner", 4, 6.0),
                           log_record("00:02", "valid", 4, loss), "| done training in 1 s"]) + "\n"  # fmt: skip
         return Finished(log, -9 if (run.arch, run.lr, run.seed) in train_fails else 0, {log: text})
 

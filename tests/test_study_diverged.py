@@ -9,7 +9,7 @@ import json
 
 from scripts.study import (
     study,
-    study_common,
+    study_logs,
     study_pairing,
     study_report,
     study_report_common,
@@ -33,9 +33,9 @@ def _study(tmp_path, monkeypatch):
 def _fake_processes(runner, monkeypatch, evaluated: list):
     def train(run):
         log = runner.run_dir(run) / "train.log"
-        start = study_common._seconds("2026-01-01 00:00:00")
+        start = study_logs._seconds("2026-01-01 00:00:00")
         # 4e-3 validates lowest before it diverges: what it validated then must not make it the choice
-        lines = [study_common.attempt_line(1, start).strip(), log_record("00:01", "train_inner", 2, 6.0),
+        lines = [study_logs.attempt_line(1, start).strip(), log_record("00:01", "train_inner", 2, 6.0),
                  log_record("00:02", "valid", 2, 5.5 - 1000 * run.lr)]  # fmt: skip
         if run.lr == 4e-3:
             return Finished(log, 1, {log: "\n".join([*lines, log_record("00:03", "train_inner", 3, 9.9), *DIVERGED_TAIL]) + "\n"})
@@ -110,15 +110,15 @@ def test_a_run_that_diverged_before_the_study_recorded_it_is_recognised_from_its
 
 def test_only_fairseqs_divergence_errors_count_and_only_in_the_last_attempt(tmp_path):
     log = tmp_path / "train.log"
-    start = study_common._seconds("2026-01-01 00:00:00")
-    log.write_text("\n".join([study_common.attempt_line(1, start).strip(), *DIVERGED_TAIL]) + "\n")
-    assert study_common.diverged(log)
-    log.write_text(log.read_text() + study_common.attempt_line(2, start) + "| done training in 1 s\n")
-    assert not study_common.diverged(log)  # a later attempt went on (resumed at a lower lr, say)
+    start = study_logs._seconds("2026-01-01 00:00:00")
+    log.write_text("\n".join([study_logs.attempt_line(1, start).strip(), *DIVERGED_TAIL]) + "\n")
+    assert study_logs.diverged(log)
+    log.write_text(log.read_text() + study_logs.attempt_line(2, start) + "| done training in 1 s\n")
+    assert not study_logs.diverged(log)  # a later attempt went on (resumed at a lower lr, say)
     log.write_text("FloatingPointError: Minimum loss scale reached (0.0001).\n")
-    assert study_common.diverged(log)
+    assert study_logs.diverged(log)
     log.write_text("Killed\nRuntimeError: out of memory\n")
-    assert not study_common.diverged(log) and not study_common.diverged(tmp_path / "absent.log")
+    assert not study_logs.diverged(log) and not study_logs.diverged(tmp_path / "absent.log")
 
 
 def test_the_reading_names_diverged_runs_and_models_with_fewer_seeds():

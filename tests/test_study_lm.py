@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scripts.study import study, study_common, study_lm, study_stats
+from scripts.study import study, study_common, study_lm, study_logs, study_stats
 
 from . import recipe_fixtures as fx
 from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
@@ -138,7 +138,7 @@ def test_lm_study_end_to_end_with_perplexity_paired_test_and_resume(tmp_path, mo
     assert "from before)" in second.stdout and "valid ppl" in second.stdout
     for name, mtime in done.items():
         assert (runs / name / "DONE.json").stat().st_mtime_ns == mtime
-    curves = study_common.read_curves(hooked[0] / "train.log")
+    curves = study_logs.read_curves(hooked[0] / "train.log")
     assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
     command = json.loads((hooked[0] / "command.json").read_text())["command"]
     assert "language_modeling" in command and "--sample-break-mode" in command

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.study import study, study_common
+from scripts.study import study, study_common, study_logs
 
 from .helpers import REPO, run
 
@@ -70,7 +70,7 @@ def _write_run(args, data, manifest, run_, loss: float, evaluation: dict) -> Non
     folder = runner.run_dir(run_)
     (folder / "eval").mkdir(parents=True)
     lines = [
-        study_common.attempt_line(1, study_common._seconds("2026-01-01 00:00:00")),
+        study_logs.attempt_line(1, study_logs._seconds("2026-01-01 00:00:00")),
         "2026-01-01 00:00:01 | INFO | x | num. model params: 1,000",
     ]
     for i, (updates, value) in enumerate(((2, loss + 1), (4, loss))):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from submitit.core.utils import UncompletedJobError
 
-from scripts.study import study, study_common, study_run, study_submitit
+from scripts.study import study, study_common, study_logs, study_run, study_submitit
 
 from . import recipe_fixtures as fx
 from .forkserver import python_modules_forked  # noqa: F401  (a fixture)
@@ -80,7 +80,7 @@ def test_grid_through_submitit_reports_as_the_local_path(data_bin, tmp_path):
     assert len(list(runs.glob("*/DONE.json"))) == 4 and len(list(runs.glob("*/eval/results.json"))) == 4
     # each run was one submitit job with a result, and every one trained once, as on the local path
     assert len(list((tmp_path / "submitit" / "submitit").glob("*_result.pkl"))) == 4
-    assert all(study_common.read_curves(log)["attempts"] == 1 for log in runs.glob("*/train.log"))
+    assert all(study_logs.read_curves(log)["attempts"] == 1 for log in runs.glob("*/train.log"))
     commands = [json.loads((tmp_path / name / "results.json").read_text())["command"] for name in ("local", "submitit")]
     assert "EXECUTOR=submitit-local" in commands[1] and "EXECUTOR" not in commands[0]
     local_report, submitit_report = _report(tmp_path / "local"), _report(tmp_path / "submitit")
@@ -104,7 +104,7 @@ def test_a_preempted_job_is_requeued_and_resumes_and_a_failed_run_is_named(data_
     assert "the partial report (results.md) covers the others" in proc.stderr
     resumed = out / "runs" / f"{PRELN}.warmup.lr0.001.wu400.s1"
     assert study_run.INTERRUPTED in (resumed / "train.log").read_text()  # the hook stopped this run's first attempt
-    curves = study_common.read_curves(resumed / "train.log")
+    curves = study_logs.read_curves(resumed / "train.log")
     assert curves["attempts"] == 2 and [u for u, _, _ in curves["train"]] == [1, 2, 3, 4]
     assert "(epoch 3 @ 2 updates)" in (resumed / "train.log").read_text()  # continued from its checkpoint_last.pt
     provenance = json.loads((resumed / "provenance.json").read_text())

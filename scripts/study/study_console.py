@@ -5,7 +5,8 @@ table. fairseq's own output goes to the runs' log files."""
 import sys
 import time
 
-from scripts.study.study_common import Run, read_curves
+from scripts.study.study_common import Run
+from scripts.study.study_logs import read_curves
 from scripts.study.study_stats import _fmt
 
 

@@ -5,9 +5,9 @@ Resuming: a run that finished training has ``DONE.json`` (written atomically) an
 one continues from its checkpoint_last.pt (fairseq restores it from the same save directory); evaluations
 that finished are reused. Early stopping (PATIENCE) is fairseq's ``--patience``; because fairseq forgets its
 count when a run is resumed, the tool applies the same rule to the run's whole validation record
-(study_common.early_stop) and stops a resumed run itself at the validation an uninterrupted run stops at.
+(study_logs.early_stop) and stops a resumed run itself at the validation an uninterrupted run stops at.
 A failed run (Study._fail) does not stop the others; study.py ends with the partial report and an error.
-A run whose loss diverged (fairseq's FloatingPointError, study_common.diverged) is a result, not a failure: its
+A run whose loss diverged (fairseq's FloatingPointError, study_logs.diverged) is a result, not a failure: its
 DONE.json says ``"stopped": "diverged"``, it is not evaluated, never chosen, and the report lists it.
 """
 
@@ -23,30 +23,32 @@ from pathlib import Path
 
 from scripts.study import study_checks, study_lm, study_stats
 from scripts.study.study_common import (
-    EARLY_STOP,
-    FAIRSEQ_EARLY_STOP,
     REPO,
     RecipeError,
     Run,
     as_dict,
-    attempt_line,
     command_differences,
     cpu_identity,
-    diverged,
-    early_stop,
     exit_text,
     git_commit,
-    last_attempt,
-    last_saved_update,
     machine,
     portable_command,
-    read_curves,
     read_lines,
     train_command,
     validate_command,
     write_json,
 )
 from scripts.study.study_console import Console
+from scripts.study.study_logs import (
+    EARLY_STOP,
+    FAIRSEQ_EARLY_STOP,
+    attempt_line,
+    diverged,
+    early_stop,
+    last_attempt,
+    last_saved_update,
+    read_curves,
+)
 
 # a test hook: "RUNS:UPDATES" stops the study like Ctrl-C once RUNS runs are done and the next reached UPDATES
 INTERRUPT_HOOK = "STUDY_INTERRUPT_AT"

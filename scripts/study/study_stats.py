@@ -27,7 +27,8 @@ import math
 import os
 import statistics
 
-from scripts.study.study_common import Run, reached
+from scripts.study.study_common import Run
+from scripts.study.study_logs import reached
 
 P_SIGNIFICANT = 0.05
 
