@@ -49,6 +49,7 @@ from scripts.study.study_logs import (
     last_saved_update,
     read_curves,
 )
+from scripts.study.study_process import Process
 
 # a test hook: "RUNS:UPDATES" stops the study like Ctrl-C once RUNS runs are done and the next reached UPDATES
 INTERRUPT_HOOK = "STUDY_INTERRUPT_AT"
@@ -63,47 +64,6 @@ def grid(args) -> tuple[list[Run], list[Run]]:
         for lr, warmup in study_checks.candidates(args, arch, variant):
             tuning.append(Run(arch, variant, lr, warmup, first))
     return tuning, [Run(a, v, 0.0, 0, s) for a, v, s in itertools.product(args.arch_list, args.variant_list, others)]
-
-
-class Process:
-    """A training or evaluation subprocess whose output goes to a file."""
-
-    def __init__(self, cmd: list[str], log_file: Path, threads: int, mode: str = "a", header: str = ""):
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        self.log_file = log_file
-        self.out = open(log_file, mode, encoding="utf-8")  # noqa: SIM115  (closed in done())
-        self.out.write(header)
-        self.out.flush()
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.out, stderr=subprocess.STDOUT)
-        self.started = time.time()
-        # readable once the process ends (Linux; opened before anything can reap it, so never another's pid): the
-        # study wakes as a run's phase ends instead of at its next poll (Study._wait)
-        try:
-            self.ended: int | None = os.pidfd_open(self.proc.pid)
-        except (AttributeError, OSError):
-            self.ended = None
-
-    def poll(self) -> int | None:
-        status = self.proc.poll()
-        if status is not None:
-            self._close()
-        return status
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._close()
-
-    def _close(self) -> None:
-        self.out.close()
-        if self.ended is not None:
-            os.close(self.ended)
-            self.ended = None
 
 
 class Study(Console):
