@@ -3,6 +3,7 @@ writes into it): its attempts, learning curves, early-stopping point, last saved
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 
 ATTEMPT = "=== study: attempt "  # the line study.py writes into a run's log before each (re)start
@@ -31,8 +32,6 @@ _PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def _seconds(stamp: str) -> float:
-    from datetime import datetime
-
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
 
 
