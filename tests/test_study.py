@@ -11,6 +11,7 @@ checks are in test_study_checks.py, language-model studies in test_study_lm.py.
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
@@ -489,3 +490,26 @@ def test_a_later_seed_waiting_for_its_choice_is_named_as_such():
     waiting = study_common.Run("residual_e6d6", "warmup", 0, 0, 2)
     assert chosen.label == chosen.name == "residual_e6d6.warmup.lr0.004.wu400.s2"
     assert waiting.label == "residual_e6d6.warmup.s2 (at its first seed's choice)"
+
+
+def test_provenance_commit_is_dirty_for_code_changes_not_for_the_studys_own_reports(tmp_path):
+    # the study tool rewrites results.json/results.md/plots in its folder as runs finish; only other tracked
+    # changes (code, recipes) make a run's recorded commit "+dirty"
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    study_dir = tmp_path / "docs" / "study" / "s"
+    study_dir.mkdir(parents=True)
+    (study_dir / "results.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    head = study_common.git_commit(tmp_path)
+    assert len(head) == 40
+    (study_dir / "results.json").write_text('{"runs": []}')
+    assert study_common.git_commit(tmp_path, study_dir) == head
+    assert study_common.git_commit(tmp_path) == head + "+dirty"
+    assert study_common.git_commit(tmp_path, tmp_path.parent / "elsewhere") == head + "+dirty"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert study_common.git_commit(tmp_path, study_dir) == head + "+dirty"

@@ -309,13 +309,21 @@ def cpu_identity() -> dict:
     return out
 
 
-def git_commit(repo: Path) -> str:
+def git_commit(repo: Path, outputs: Path | None = None) -> str:
     """HEAD of the checkout the runs come from, with "+dirty" when tracked files differ from it ("unknown" outside
-    a git checkout, e.g. an installed copy)."""
+    a git checkout, e.g. an installed copy). ``outputs``, a study's own folder, is left out of that check: the study
+    tool rewrites the committed report files there (results.json, results.md, the plots) as runs finish, which
+    changes no code the runs execute."""
+    exclude = []
+    if outputs is not None:
+        try:
+            exclude = [f":(exclude){Path(outputs).resolve().relative_to(Path(repo).resolve()).as_posix()}"]
+        except ValueError:  # a folder outside the checkout holds no tracked file of it
+            exclude = []
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True)  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                *exclude], capture_output=True, text=True, check=True)  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

@@ -306,7 +306,7 @@ class Study(Console):
         if self._provenance is None:
             info = machine()
             self._provenance = {
-                "commit": git_commit(REPO),
+                "commit": git_commit(REPO, self.args.out_dir),
                 "machine": {**cpu_identity(), "cores": info["cores"], "os": info["os"]},
                 "versions": {k: info[k] for k in ("torch", "fairseq", "sacrebleu", "python")},
             }
