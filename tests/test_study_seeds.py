@@ -10,6 +10,8 @@ from sacrebleu.metrics import BLEU
 from scripts.study import study_seeds as ss
 from scripts.study.study_provenance import pair_machines
 
+from .study_fixtures import log_record
+
 REFS = ["a man rides a red bike down the street", "two dogs play in the snow", "a child is eating an apple",
         "people walk along the beach at sunset", "a woman sings on a stage"] * 4  # fmt: skip
 
@@ -83,7 +85,8 @@ def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_typ
             hyps = tmp_path / "runs" / name / "eval" / "hyps"
             hyps.mkdir(parents=True)
             (hyps / "test.en").write_text("\n".join(_hyps(drop)) + "\n")
-            (hyps.parent / "results.json").write_text("{}")  # scored
+            bleu = BLEU().corpus_score(_hyps(drop), [REFS]).score
+            (hyps.parent / "results.json").write_text(json.dumps({"tests": {"test": {"bleu": round(bleu, 2), "chrf": 50.0}}}))
             _provenance(tmp_path / "runs" / name, "1" if (arch, seed) == ("sys", 3) else "17")
             if seed < 3:  # seed 3 landed after the report was made: the analysis finds it in runs/
                 runs.append({"arch": arch, "variant": "warmup", "lr": 0.001, "warmup": 400, "seed": seed, "name": name})
@@ -106,3 +109,43 @@ def test_the_analysis_is_repeated_over_the_seeds_whose_runs_shared_a_machine_typ
     assert model["one_machine_type"]["decision"].startswith("undecided")  # two seeds decide nothing
     text = ss.markdown({**record, "machine_text": "a machine"}, "python -m scripts.study.study_seeds")
     assert "1: " in text and "(s)" in text and "(d)" in text and "2, " in text
+    # the runs table: every scored run of both models (the unscored seed 4 left out), from its records
+    assert [(r["arch"], r["seed"]) for r in record["runs"]] == [(a, s) for a in ("base", "sys") for s in (1, 2, 3)]
+    assert "| sys | 3 | AMD EPYC (family 25, model 1, AVX-512) | - | - | 72.52 / 50.00 | none | not recorded |" in text
+
+
+def test_the_runs_table_reads_each_runs_stop_best_validation_resumes_and_check(tmp_path):
+    """A run resumed once on its machine type, stopped by patience after a tie of its best loss, whose
+    validation check agrees; and a run trained before provenance was recorded, without a check."""
+    run = tmp_path / "sys.warmup.lr0.001.wu400.s1"
+    (run / "eval").mkdir(parents=True)
+    log = ["=== study: attempt 1 started at 1767225600",
+           log_record("00:10", "valid", 100, 4.5), log_record("00:20", "valid", 200, 4.2),
+           "=== study: attempt 2 started at 1767225700",
+           log_record("00:30", "valid", 300, 4.3), log_record("00:40", "valid", 400, 4.2),
+           log_record("00:50", "valid", 500, 4.4), log_record("01:00", "valid", 600, 4.1)]  # fmt: skip
+    (run / "train.log").write_text("\n".join(log) + "\n")
+    (run / "DONE.json").write_text(json.dumps({"stopped": "patience", "updates": 500}))  # 600 came after the stop
+    (run / "eval" / "results.json").write_text(json.dumps({"tests": {"test": {"bleu": 30.12, "chrf": 55.5}}}))
+    (run / "eval" / "valid_check.json").write_text(json.dumps({"valid_loss": 4.2}))
+    machine = {"cpu": "AMD EPYC", "family": "25", "model": "17", "avx512": True, "cores": 2, "os": "x", "threads": 1}
+    (run / "provenance.json").write_text(json.dumps([
+        {"attempt": 1, "started": "2026-11-30 12:30 UTC", "machine": machine, "resumed_from": None},
+        {"attempt": 2, "started": "2026-11-30 14:21 UTC", "machine": {**machine, "threads": 2},
+         "resumed_from": {"checkpoint": "checkpoint_last.pt", "update": 200}}]))  # fmt: skip
+    record = ss.run_record(run, "test")
+    assert record["stopped"] == "patience" and record["updates"] == 500
+    assert record["best_valid_loss"] == 4.2 and record["best_valid_updates"] == [200, 400]
+    assert record["resumes"] == [{"update": 200, "same_machine_type": True}]
+    line = ss.markdown({"study": "s", "baseline": "base", "margin": 1.0, "samples": 100, "machine_text": "m",
+                        "models": [], "runs": [{"arch": "sys", "seed": 1, **record}]}, "cmd").splitlines()[-1]  # fmt: skip
+    assert line == ("| sys | 1 | AMD EPYC (family 25, model 17, AVX-512), 2026-11-30 12:30 UTC | patience, at 500 | "
+                    "4.200 at 200 and 400 | 30.12 / 55.50 | at 200 (same machine type) | agrees |")
+    old = tmp_path / "old.warmup.lr0.001.wu400.s1"
+    (old / "eval").mkdir(parents=True)
+    (old / "train.log").write_text("\n".join(log[:3]) + "\n")
+    (old / "DONE.json").write_text(json.dumps({"stopped": "updates", "updates": 200}))
+    (old / "eval" / "results.json").write_text(json.dumps({"tests": {"test": {"bleu": 1.0, "chrf": 2.0}}}))
+    record = ss.run_record(old, "test")
+    assert record["machine"] is None and record["resumes"] is None and record["checked_valid_loss"] is None
+    assert ss._stopped_text(record) == "the cap, at 200" and ss._check_text(record) == "not recorded"

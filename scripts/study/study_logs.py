@@ -77,6 +77,23 @@ def read_curves(log_file: Path) -> dict:
     return {"train": train, "valid": valid, "parameters": parameters, "attempts": attempts}
 
 
+def finished_curves(run_dir: Path) -> tuple[dict, dict]:
+    """A run's learning curves (read_curves of its train.log) as its result counts them, and its DONE.json (empty
+    while it trains): what a resumed run logged past its patience stop does not count."""
+    curves = read_curves(run_dir / "train.log")
+    done_file = run_dir / "DONE.json"
+    done = json.loads(done_file.read_text(encoding="utf-8")) if done_file.is_file() else {}
+    if done.get("stopped") == "patience":
+        curves = {**curves, **{k: [p for p in curves[k] if p[0] <= done["updates"]] for k in ("train", "valid")}}
+    return curves, done
+
+
+def best_validation(valid: list[tuple[int, float, float]]) -> tuple[int, float, float] | None:
+    """The validation whose checkpoint a run is evaluated with: the lowest loss, the last of equal minima
+    (fairseq re-saves checkpoint_best.pt on a tie of its rounded losses, ``<=``, where --patience needs ``<``)."""
+    return min(reversed(valid), key=lambda p: p[2], default=None)
+
+
 def early_stop(valid: list[tuple[int, float, float]], patience: int) -> int | None:
     """The updates of the validation at which fairseq's ``--patience`` rule stops a run that was never
     interrupted: ``patience`` validations in a row without a loss strictly below the best so far; or None."""

@@ -43,8 +43,10 @@ from scripts.study.study_logs import (
     EARLY_STOP,
     FAIRSEQ_EARLY_STOP,
     attempt_line,
+    best_validation,
     diverged,
     early_stop,
+    finished_curves,
     last_attempt,
     last_saved_update,
     read_curves,
@@ -410,14 +412,8 @@ class Study(Console):
     # -------------------------------------------------------------------------------- results
 
     def result(self, run: Run, evaluated: bool = True) -> dict:
-        curves = read_curves(self.run_dir(run) / "train.log")
-        done_file = self.run_dir(run) / "DONE.json"
-        done = json.loads(done_file.read_text(encoding="utf-8")) if done_file.is_file() else {}
-        if done.get("stopped") == "patience":  # what a resumed run did past its stop does not count
-            curves = {**curves, **{k: [p for p in curves[k] if p[0] <= done["updates"]] for k in ("train", "valid")}}
-        # fairseq re-saves checkpoint_best.pt on a tie of its rounded losses (`<=`, where --patience needs `<`),
-        # so the evaluated checkpoint is the last of equal minima
-        best = min(reversed(curves["valid"]), key=lambda p: p[2], default=None)
+        curves, done = finished_curves(self.run_dir(run))
+        best = best_validation(curves["valid"])
         out = {"curves": curves, "parameters": curves["parameters"],
                "valid_loss": curves["valid"][-1][2] if curves["valid"] else None,
                "first_valid_loss": curves["valid"][0][2] if curves["valid"] else None,

@@ -24,6 +24,10 @@ mixed pairs. Each seed's pair is labelled from the runs' provenance.json (study_
 different, unrecorded) and the analysis is repeated over the seeds whose two runs trained on one machine type,
 with its own decision by the same rules.
 
+Every scored run is listed too (run_record), read from its own records: machine and start, stop, best
+validation(s), test BLEU / chrF, resumes and validation check; a study README links that table instead of typing
+its rows again as seeds land.
+
     python -m scripts.study.study_seeds --study docs/study/converged_e12d12 --references REFS \
         [--margin 1.0] [--samples 1000] [--out docs/study/converged_e12d12/seeds]
 """
@@ -45,7 +49,8 @@ from scripts.study.study_common import (
     write_json,
     write_text,
 )
-from scripts.study.study_provenance import pair_machines
+from scripts.study.study_logs import best_validation, finished_curves
+from scripts.study.study_provenance import MACHINE_KEYS, pair_machines
 from scripts.study.study_stats import bleu_score, bleu_statistics
 
 Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
@@ -123,6 +128,31 @@ def scored_seeds(study: Path, setting: Run) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def run_record(run_dir: Path, test_set: str) -> dict:
+    """What the runs table of seeds.md shows of one scored run, read from its records: where and when it trained
+    (provenance.json; None before the study tool recorded it), how it stopped (DONE.json), its best validation(s)
+    (train.log, as the study's result counts them), test BLEU / chrF (eval/results.json), every resume and whether
+    the validation check (eval/valid_check.json) reproduced the best loss."""
+    curves, done = finished_curves(run_dir)
+    best = best_validation(curves["valid"])
+    test = json.loads((run_dir / "eval" / "results.json").read_text(encoding="utf-8"))["tests"][test_set]
+    path, check = run_dir / "provenance.json", run_dir / "eval" / "valid_check.json"
+    attempts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    machine = None if attempts is None else {k: attempts[0]["machine"][k] for k in MACHINE_KEYS if k in attempts[0]["machine"]}
+    return {
+        "stopped": done.get("stopped"), "updates": done.get("updates"),
+        "best_valid_loss": best[2] if best else None,
+        "best_valid_updates": [u for u, _s, loss in curves["valid"] if best and loss == best[2]],
+        "bleu": test["bleu"], "chrf": test["chrf"], "machine": machine,
+        "started": None if attempts is None else attempts[0].get("started"),
+        "resumes": None if attempts is None else [
+            {"update": (a.get("resumed_from") or {}).get("update"),
+             "same_machine_type": {k: a["machine"].get(k) for k in machine} == machine}
+            for a in attempts[1:]],
+        "checked_valid_loss": json.loads(check.read_text(encoding="utf-8")).get("valid_loss") if check.is_file() else None,
+    }  # fmt: skip
+
+
 def analyse(study: Path, references: list[str], margin: float, samples: int) -> dict:
     """Every model of a study's results.json at its chosen setting against the first model, over every scored
     seed in the study's runs/ (scored_seeds)."""
@@ -154,7 +184,10 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
         models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()},
                        "machines": {str(k): v for k, v in machines.items()}, "seeds_on_one_machine_type": len(same),
                        "one_machine_type": one_type})  # fmt: skip
-    return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models}
+    runs = [{"arch": arch, "seed": seed, **run_record(run_dir, results["test_set"])}
+            for arch in [m["arch"] for m in results["models"]] for seed, run_dir in dirs.get(arch, {}).items()]
+    return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models,
+            "runs": runs}
 
 
 def markdown(record: dict, command: str) -> str:
@@ -177,7 +210,54 @@ def markdown(record: dict, command: str) -> str:
                     f"[{one['ci'][0]:+.2f}, {one['ci'][1]:+.2f}], {one['decision']}")  # fmt: skip
         lines.append(f"| {m['arch']} | {len(m['seeds'])} | {m['mean']:+.2f} | [{m['ci'][0]:+.2f}, {m['ci'][1]:+.2f}] | "
                      f"{m['decision']} | {per_seed} | {det} | {one_text} |")  # fmt: skip
+    lines += ["", "## Every scored run", "",
+              ("Read from each run's records: its first attempt's machine and start (provenance.json), how it stopped "
+               "(DONE.json: patience, or the cap of updates), its best validation loss and the update(s) that reached "
+               "it (train.log), test BLEU / chrF (eval/results.json), every resume from a checkpoint, and whether "
+               "the validation check (fairseq-validate on the best checkpoint in a new process, "
+               "eval/valid_check.json) gives the same loss."), "",
+              "| model | seed | machine, started | stopped | best valid loss (bits) at update | test BLEU / chrF | resumes | validation check |",
+              "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    for r in record.get("runs", []):
+        lines.append(f"| {r['arch']} | {r['seed']} | {_machine_text(r)} | {_stopped_text(r)} | {_best_text(r)} | "
+                     f"{r['bleu']:.2f} / {r['chrf']:.2f} | {_resumes_text(r)} | {_check_text(r)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _machine_text(run: dict) -> str:
+    m = run["machine"]
+    if m is None:
+        return "unrecorded"
+    avx = {True: ", AVX-512", False: ", no AVX-512"}.get(m.get("avx512"), "")
+    started = f", {run['started']}" if run["started"] else ""
+    return f"{m.get('cpu')} (family {m.get('family')}, model {m.get('model')}{avx}){started}"
+
+
+def _stopped_text(run: dict) -> str:
+    how = {"patience": "patience", "updates": "the cap", "diverged": "diverged"}.get(run["stopped"], run["stopped"] or "-")
+    return f"{how}, at {run['updates']:,}" if run["updates"] else how
+
+
+def _best_text(run: dict) -> str:
+    if run["best_valid_loss"] is None:
+        return "-"
+    return f"{run['best_valid_loss']:.3f} at " + " and ".join(f"{u:,}" for u in run["best_valid_updates"])
+
+
+def _resumes_text(run: dict) -> str:
+    if run["resumes"] is None:
+        return "unrecorded"
+    if not run["resumes"]:
+        return "none"
+    return "; ".join(f"at {r['update']:,}" if r["update"] is not None else "from scratch" for r in run["resumes"]) + (
+        " (same machine type)" if all(r["same_machine_type"] for r in run["resumes"]) else " (another machine type)")
+
+
+def _check_text(run: dict) -> str:
+    checked, best = run["checked_valid_loss"], run["best_valid_loss"]
+    if checked is None or best is None:
+        return "not recorded"
+    return "agrees" if abs(checked - best) < 5e-4 else f"{checked:.3f} (differs)"
 
 
 def _prepared_references(study: Path) -> Path | None:
