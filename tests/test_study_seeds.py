@@ -2,6 +2,7 @@
 sacrebleu's corpus BLEU, its per-seed differences the per-seed comparisons', its decisions follow their rules."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +150,18 @@ def test_the_runs_table_reads_each_runs_stop_best_validation_resumes_and_check(t
     record = ss.run_record(old, "test")
     assert record["machine"] is None and record["resumes"] is None and record["checked_valid_loss"] is None
     assert ss._stopped_text(record) == "the cap, at 200" and ss._check_text(record) == "not recorded"
+
+
+COMMITTED = sorted(Path(__file__).resolve().parents[1].glob("docs/study/*/seeds.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])
+def test_committed_seeds_tables_match_their_records(path):
+    """Each committed seeds.md is its seeds.json rendered, and every run its runs table lists says what that run's
+    records say now (a run that lands later is missing until the analysis is re-run, never misreported)."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert ss.markdown(record, record["command"]) == path.with_suffix(".md").read_text(encoding="utf-8")
+    test_set = json.loads((path.parent / "results.json").read_text(encoding="utf-8"))["test_set"]
+    for run in record["runs"]:
+        stored = {k: v for k, v in run.items() if k not in ("arch", "seed", "name")}
+        assert ss.run_record(path.parent / "runs" / run["name"], test_set) == stored, run["name"]

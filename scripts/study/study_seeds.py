@@ -173,7 +173,7 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
             continue
         result = two_level(stats[arch], stats[baseline], samples)
         result["decision"] = decide(result["ci"], margin, len(result["seeds"]))
-        result["detectable"] = {n: detectable(result, n) for n in (2, 5, 10)}
+        result["detectable"] = {str(n): detectable(result, n) for n in (2, 5, 10)}  # as JSON keys them
         machines = {s: pair_machines(dirs[arch][s], dirs[baseline][s]) for s in result["seeds"]}
         same = [s for s in result["seeds"] if machines[s] == "same"]
         one_type = None
@@ -184,7 +184,7 @@ def analyse(study: Path, references: list[str], margin: float, samples: int) -> 
         models.append({"arch": arch, **result, "per_seed": {str(k): v for k, v in result["per_seed"].items()},
                        "machines": {str(k): v for k, v in machines.items()}, "seeds_on_one_machine_type": len(same),
                        "one_machine_type": one_type})  # fmt: skip
-    runs = [{"arch": arch, "seed": seed, **run_record(run_dir, results["test_set"])}
+    runs = [{"arch": arch, "seed": seed, "name": run_dir.name, **run_record(run_dir, results["test_set"])}
             for arch in [m["arch"] for m in results["models"]] for seed, run_dir in dirs.get(arch, {}).items()]
     return {"study": study.name, "baseline": baseline, "margin": margin, "samples": samples, "models": models,
             "runs": runs}
@@ -203,7 +203,7 @@ def markdown(record: dict, command: str) -> str:
               "| on one machine type: seeds, mean [95% CI], decision |"),
              "|---|---:|---:|---|---|---|---|---|"]  # fmt: skip
     for m in record["models"]:
-        det = " / ".join("-" if m["detectable"][n] is None else f"{m['detectable'][n]:.2f}" for n in (2, 5, 10))
+        det = " / ".join("-" if m["detectable"][n] is None else f"{m['detectable'][n]:.2f}" for n in ("2", "5", "10"))
         per_seed = ", ".join(f"{s}: {d:+.2f} ({m['machines'][s][0]})" for s, d in m["per_seed"].items())
         one = m["one_machine_type"]
         one_text = ("none" if one is None else f"{len(one['seeds'])}, {one['mean']:+.2f} "
