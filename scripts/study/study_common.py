@@ -318,8 +318,8 @@ def git_commit(repo: Path, outputs: Path | None = None) -> str:
     if outputs is not None:
         try:
             exclude = [f":(exclude){Path(outputs).resolve().relative_to(Path(repo).resolve()).as_posix()}"]
-        except ValueError:  # a folder outside the checkout holds no tracked file of it
-            exclude = []
+        except ValueError:  # a folder outside the checkout holds none of its tracked files
+            pass
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
