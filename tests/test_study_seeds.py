@@ -2,7 +2,6 @@
 sacrebleu's corpus BLEU, its per-seed differences the per-seed comparisons', its decisions follow their rules."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from sacrebleu.metrics import BLEU
 from scripts.study import study_seeds as ss
 from scripts.study.study_provenance import pair_machines
 
+from .helpers import REPO
 from .study_fixtures import log_record
 
 REFS = ["a man rides a red bike down the street", "two dogs play in the snow", "a child is eating an apple",
@@ -152,7 +152,7 @@ def test_the_runs_table_reads_each_runs_stop_best_validation_resumes_and_check(t
     assert ss._stopped_text(record) == "the cap, at 200" and ss._check_text(record) == "not recorded"
 
 
-COMMITTED = sorted(Path(__file__).resolve().parents[1].glob("docs/study/*/seeds.json"))
+COMMITTED = sorted(REPO.glob("docs/study/*/seeds.json"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])

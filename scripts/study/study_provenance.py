@@ -7,7 +7,8 @@ import json
 MACHINE_KEYS = ("cpu", "family", "model", "avx512", "cores")  # what makes two machines one type for a comparison
 
 
-def _machine_type(entry: dict) -> str:
+def machine_type(entry: dict) -> str:
+    """One attempt's machine type (MACHINE_KEYS of its recorded machine), as comparisons group them."""
     machine = entry.get("machine", {})
     return ", ".join(f"{k} {machine[k]}" for k in MACHINE_KEYS if k in machine)
 
@@ -18,7 +19,7 @@ def machine_types(run_dir) -> set[str] | None:
     path = run_dir / "provenance.json"
     if not path.is_file():
         return None
-    return {_machine_type(e) for e in json.loads(path.read_text(encoding="utf-8"))}
+    return {machine_type(e) for e in json.loads(path.read_text(encoding="utf-8"))}
 
 
 def pair_machines(run_dir, base_dir) -> str:
@@ -43,7 +44,7 @@ def provenance(study, results: dict) -> dict:
             continue
         entries = json.loads(path.read_text(encoding="utf-8"))
         attempts[run.name] = entries
-        machines = {_machine_type(e) for e in entries}
+        machines = {machine_type(e) for e in entries}
         commits = {e.get("commit") for e in entries}
         if len(machines) > 1:
             flags.append(f"{run.name} resumed across machines ({'; '.join(sorted(machines))})")
@@ -57,8 +58,8 @@ def provenance(study, results: dict) -> dict:
                      and b.name in attempts), None)  # fmt: skip
         if base is None:
             continue
-        mine = {_machine_type(e) for e in attempts[run.name]}
-        theirs = {_machine_type(e) for e in attempts[base.name]}
+        mine = {machine_type(e) for e in attempts[run.name]}
+        theirs = {machine_type(e) for e in attempts[base.name]}
         if mine != theirs:
             flags.append(f"{run.name} and its baseline {base.name} ran on different machines")
     return {"runs": attempts, "flags": flags, "unrecorded": unrecorded}

@@ -50,7 +50,7 @@ from scripts.study.study_common import (
     write_text,
 )
 from scripts.study.study_logs import best_validation, finished_curves
-from scripts.study.study_provenance import MACHINE_KEYS, pair_machines
+from scripts.study.study_provenance import MACHINE_KEYS, machine_type, pair_machines
 from scripts.study.study_stats import bleu_score, bleu_statistics
 
 Z_POWER = 1.96 + 0.84  # two-sided 5% test, 80% power
@@ -147,7 +147,7 @@ def run_record(run_dir: Path, test_set: str) -> dict:
         "started": None if attempts is None else attempts[0].get("started"),
         "resumes": None if attempts is None else [
             {"update": (a.get("resumed_from") or {}).get("update"),
-             "same_machine_type": {k: a["machine"].get(k) for k in machine} == machine}
+             "same_machine_type": machine_type(a) == machine_type(attempts[0])}
             for a in attempts[1:]],
         "checked_valid_loss": json.loads(check.read_text(encoding="utf-8")).get("valid_loss") if check.is_file() else None,
     }  # fmt: skip
