@@ -440,6 +440,22 @@ def test_report_lists_every_candidate_each_comparison_and_each_run():
     assert f"| {chosen.name} | 800 | updates | 5.190 (700) | 5.200 | -0.020 | yes | no |" in md
 
 
+def test_the_heading_times_the_runs_not_only_the_command_that_reported_them():
+    # lanes trained the runs one at a time; the report was written by REPORT_ONLY, which trained nothing itself
+    runs = [(None, {"seconds": 3600.0}), (None, {"seconds": 1800.0})]
+    attempts = {"a": [{"started": "2026-11-30 10:57 UTC"}, {"started": "2026-11-30 11:26 UTC"}],
+                "b": [{"started": "2026-11-30 09:26 UTC"}]}  # fmt: skip
+    context = {"runs": runs, "provenance": {"runs": attempts}, "started": "2026-11-30 20:54 UTC", "total_minutes": 0.0,
+               "rewritten": "2026-11-30 20:54 UTC"}  # fmt: skip
+    assert study_report_common.timing_text(context) == (
+        "2 runs trained 90.0 min in all (each run's train time, summed), the first from 2026-11-30 09:26 UTC. "
+        "Report rewritten 2026-11-30 20:54 UTC without training (REPORT_ONLY).")  # fmt: skip
+    trained = {**context, "provenance": None, "rewritten": None, "total_minutes": 91.5}
+    assert study_report_common.timing_text(trained) == (
+        "2 runs trained 90.0 min in all (each run's train time, summed); this command started 2026-11-30 20:54 UTC "
+        "and took 91.5 min.")  # fmt: skip
+
+
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys):
     from scripts.study import study_run
 

@@ -53,12 +53,25 @@ def claims_section(context: dict) -> list[str]:
     return lines + [""]
 
 
+def timing_text(context: dict) -> str:
+    """When and how long the runs trained, read from the runs: a study trained one run at a time by separate
+    commands (lanes, a cluster) and reported by REPORT_ONLY has no command whose own minutes say that. The
+    command's own start and minutes follow only when it trained."""
+    seconds = [r["seconds"] for _, r in context["runs"] if r.get("seconds") is not None]
+    starts = [a["started"] for entries in (context.get("provenance") or {}).get("runs", {}).values()
+              for a in entries if a.get("started")]  # fmt: skip
+    text = f"{len(seconds)} runs trained {sum(seconds) / 60:.1f} min in all (each run's train time, summed)"
+    if starts:
+        text += f", the first from {min(starts)}"  # "YYYY-MM-DD HH:MM UTC" sorts as time does
+    if context.get("rewritten"):
+        return text + f". Report rewritten {context['rewritten']} without training (REPORT_ONLY)."
+    return text + f"; this command started {context['started']} and took {context['total_minutes']:.1f} min."
+
+
 def heading(title: str, context: dict) -> list[str]:
     """results.md's first lines: the title, the command, the machine and when."""
-    rewritten = f" Report rewritten {context['rewritten']} without training (REPORT_ONLY)." if context.get("rewritten") else ""
     return [f"# {title}: {', '.join(context['archs'])}", "", f"Command: `{context['command']}`", "",
-            f"Machine: {context['machine_text']}. Started {context['started']}, {context['total_minutes']:.1f} min in all."
-            + rewritten, ""]  # fmt: skip
+            f"Machine: {context['machine_text']}. {timing_text(context)}", ""]
 
 
 def reach_text(r: dict) -> str:
