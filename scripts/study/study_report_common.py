@@ -60,7 +60,7 @@ def timing_text(context: dict) -> str:
     seconds = [r["seconds"] for _, r in context["runs"] if r.get("seconds") is not None]
     starts = [a["started"] for entries in (context.get("provenance") or {}).get("runs", {}).values()
               for a in entries if a.get("started")]  # fmt: skip
-    text = f"{len(seconds)} runs trained {sum(seconds) / 60:.1f} min in all (each run's train time, summed)"
+    text = f"{len(seconds)} scored runs trained {sum(seconds) / 60:.1f} min in all (each run's train time, summed)"
     if starts:
         text += f", the first from {min(starts)}"  # "YYYY-MM-DD HH:MM UTC" sorts as time does
     if context.get("rewritten"):
