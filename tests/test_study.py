@@ -448,7 +448,7 @@ def test_the_heading_times_the_runs_not_only_the_command_that_reported_them():
     context = {"runs": runs, "provenance": {"runs": attempts}, "started": "2026-11-30 20:54 UTC", "total_minutes": 0.0,
                "rewritten": "2026-11-30 20:54 UTC"}  # fmt: skip
     assert study_report_common.timing_text(context) == (
-        "2 scored runs trained 90.0 min in all (each run's train time, summed), the first from 2026-11-30 09:26 UTC. "
+        "2 scored runs trained 90.0 min in all (each run's train time, summed), the earliest recorded start 2026-11-30 09:26 UTC. "
         "Report rewritten 2026-11-30 20:54 UTC without training (REPORT_ONLY).")  # fmt: skip
     trained = {**context, "provenance": None, "rewritten": None, "total_minutes": 91.5}
     assert study_report_common.timing_text(trained) == (

@@ -62,7 +62,7 @@ def timing_text(context: dict) -> str:
               for a in entries if a.get("started")]  # fmt: skip
     text = f"{len(seconds)} scored runs trained {sum(seconds) / 60:.1f} min in all (each run's train time, summed)"
     if starts:
-        text += f", the first from {min(starts)}"  # "YYYY-MM-DD HH:MM UTC" sorts as time does
+        text += f", the earliest recorded start {min(starts)}"  # "YYYY-MM-DD HH:MM UTC" sorts as time does
     if context.get("rewritten"):
         return text + f". Report rewritten {context['rewritten']} without training (REPORT_ONLY)."
     return text + f"; this command started {context['started']} and took {context['total_minutes']:.1f} min."
