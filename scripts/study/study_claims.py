@@ -204,17 +204,25 @@ def _value(records: Records, path: str) -> float:
 
 def _walk(value, keys: list[str], path: str):
     """``value`` followed down ``keys``: a dict's key; in an interval ``[low, high]``, ``low`` or ``high``; in a list
-    of rows, the row whose ``arch`` (or ``name``) is the key."""
-    for key in keys:
+    of rows, the row whose ``arch`` (or ``name``) is the key, or the longest run of keys joined by dots, since run
+    names hold dots (``at.runs.ARCH.warmup.lr0.008.wu400.s4.bleu`` in seeds.json)."""
+    i = 0
+    while i < len(keys):
+        key = keys[i]
+        i += 1
         if isinstance(value, dict):
             value = value[key]
         elif isinstance(value, list) and len(value) == 2 and key in ("low", "high"):
             value = value[0 if key == "low" else 1]
         elif isinstance(value, list):
-            rows = [row for row in value if isinstance(row, dict) and key in (row.get("arch"), row.get("name"))]
-            if len(rows) != 1:
+            for end in range(len(keys), i - 1, -1):
+                name = ".".join(keys[i - 1 : end])
+                rows = [row for row in value if isinstance(row, dict) and name in (row.get("arch"), row.get("name"))]
+                if len(rows) == 1:
+                    value, i = rows[0], end
+                    break
+            else:
                 raise ClaimError(f"no single row {key!r} on the path {path}")
-            value = rows[0]
         else:
             raise ClaimError(f"{path} goes past a number at {key!r}")
     if isinstance(value, bool) or not isinstance(value, int | float):
