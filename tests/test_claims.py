@@ -94,9 +94,12 @@ def test_values_reach_interval_bounds_and_any_results_file():
 
 def test_a_path_names_a_row_whose_name_holds_dots():
     """seeds.json lists every scored run by its name, and run names hold dots (lr0.008): the path joins keys."""
-    seeds = sc.Records({"runs": [{"name": "m.warmup.lr0.008.wu400.s4", "bleu": 38.7},
+    seeds = sc.Records({"runs": [{"name": "m.warmup.lr0.008.wu400.s4", "bleu": 38.7, "best_valid_updates": [2160]},
                                  {"name": "m.warmup.lr0.008.wu400.s5", "bleu": 37.1}]})  # fmt: skip
     assert _check(seeds, "value at.runs.m.warmup.lr0.008.wu400.s4.bleu 38.70") is None
+    assert _check(seeds, "value at.runs.m.warmup.lr0.008.wu400.s4.best_valid_updates.0 2160") is None
+    with pytest.raises(sc.ClaimError):
+        _check(seeds, "value at.runs.m.warmup.lr0.008.wu400.s4.best_valid_updates.1 2160")
     assert _check(seeds, "value at.runs.m.warmup.lr0.008.wu400.s5.bleu 38.70") is not None
     for text in ("value at.runs.m.warmup.lr0.008.wu400.s6.bleu 1", "value at.runs.m.warmup.bleu 1"):
         with pytest.raises(sc.ClaimError):

@@ -35,7 +35,8 @@ defaults to bleu for translation and ppl for language models, where lower is bet
   ``runs.RUN.KEY`` (best_valid_loss, bleu, updates, ...), ``diff.SYSTEM.SEED.KEY`` (the comparison SYSTEM names, in
   seed SEED: bleu_diff, bleu_p, ppl_diff, ...; ``bleu_ci.low`` and ``bleu_ci.high`` the bounds of its interval),
   ``count.KIND.METRIC`` (how many systems satisfy a kind) or ``at.KEY.KEY...`` (any number of a results file
-  such as seeds.json, by its keys; in a list of rows, the row whose ``arch`` or ``name`` is the key).
+  such as seeds.json, by its keys; in a list of rows, the row whose ``arch`` or ``name`` is the key, dots and all;
+  in a list of numbers, the item counted from 0).
 """
 
 import json
@@ -205,7 +206,8 @@ def _value(records: Records, path: str) -> float:
 def _walk(value, keys: list[str], path: str):
     """``value`` followed down ``keys``: a dict's key; in an interval ``[low, high]``, ``low`` or ``high``; in a list
     of rows, the row whose ``arch`` (or ``name``) is the key, or the longest run of keys joined by dots, since run
-    names hold dots (``at.runs.ARCH.warmup.lr0.008.wu400.s4.bleu`` in seeds.json)."""
+    names hold dots (``at.runs.ARCH.warmup.lr0.008.wu400.s4.bleu`` in seeds.json); in a list of numbers, the item
+    the key counts from 0 (``best_valid_updates.0``)."""
     i = 0
     while i < len(keys):
         key = keys[i]
@@ -214,6 +216,10 @@ def _walk(value, keys: list[str], path: str):
             value = value[key]
         elif isinstance(value, list) and len(value) == 2 and key in ("low", "high"):
             value = value[0 if key == "low" else 1]
+        elif isinstance(value, list) and key.isdigit() and not any(isinstance(v, dict) for v in value):
+            if int(key) >= len(value):
+                raise ClaimError(f"{path}: the list has {len(value)} item(s), no item {key}")
+            value = value[int(key)]
         elif isinstance(value, list):
             for end in range(len(keys), i - 1, -1):
                 name = ".".join(keys[i - 1 : end])
