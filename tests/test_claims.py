@@ -92,8 +92,9 @@ def test_values_reach_interval_bounds_and_any_results_file():
             _check(seeds if "at." in text else records, text)
 
 
-def test_a_path_names_a_row_whose_name_holds_dots():
-    """seeds.json lists every scored run by its name, and run names hold dots (lr0.008): the path joins keys."""
+def test_a_path_names_a_row_whose_name_holds_dots_and_an_item_of_a_list():
+    """seeds.json lists every scored run by its name, and run names hold dots (lr0.008): the path joins keys; a list
+    of numbers (the updates that reached the best loss) is indexed from 0."""
     seeds = sc.Records({"runs": [{"name": "m.warmup.lr0.008.wu400.s4", "bleu": 38.7, "best_valid_updates": [2160]},
                                  {"name": "m.warmup.lr0.008.wu400.s5", "bleu": 37.1}]})  # fmt: skip
     assert _check(seeds, "value at.runs.m.warmup.lr0.008.wu400.s4.bleu 38.70") is None
